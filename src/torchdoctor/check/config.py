@@ -1,0 +1,229 @@
+"""`[tool.torchdoctor]` in pyproject.toml, merged with command-line flags."""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+DEFAULT_EXCLUDE: tuple[str, ...] = (
+    ".git",
+    ".hg",
+    ".svn",
+    ".venv",
+    "venv",
+    ".tox",
+    ".nox",
+    "build",
+    "dist",
+    "__pycache__",
+    "node_modules",
+    ".torchdoctor_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".ipynb_checkpoints",
+)
+
+KNOWN_KEYS = frozenset(
+    {
+        "select",
+        "ignore",
+        "extend-select",
+        "extend-ignore",
+        "exclude",
+        "extend-exclude",
+        "per-file-ignores",
+        "target-version",
+    }
+)
+
+
+@dataclass
+class Settings:
+    select: list[str] | None = None  # None: every rule that is on by default
+    extend_select: list[str] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+    per_file_ignores: dict[str, list[str]] = field(default_factory=dict)
+    exclude: list[str] = field(default_factory=lambda: list(DEFAULT_EXCLUDE))
+    extend_exclude: list[str] = field(default_factory=list)
+    target_version: tuple[int, int] | None = None  # the torch version the code targets
+    root: Path = field(default_factory=Path.cwd)  # folder of the config file
+    config_file: Path | None = None
+
+    def enabled_codes(self, all_codes: Iterable[tuple[str, bool]]) -> frozenset[str]:
+        """Codes on for this run, given (code, on_by_default) for every rule."""
+        enabled = set()
+        for code, default_on in all_codes:
+            if self.select is None:
+                on = default_on
+            else:
+                on = any(_matches(code, sel) for sel in self.select)
+            on = on or any(_matches(code, sel) for sel in self.extend_select)
+            if on and not any(_matches(code, sel) for sel in self.ignore):
+                enabled.add(code)
+        return frozenset(enabled)
+
+    def ignored_for(self, path: Path) -> list[str]:
+        """Selectors that `per-file-ignores` switches off for `path`."""
+        rel = _relative(path, self.root)
+        out: list[str] = []
+        for pattern, codes in self.per_file_ignores.items():
+            if _glob_match(rel, pattern) or _glob_match(path.name, pattern):
+                out.extend(codes)
+        return out
+
+    def is_excluded(self, path: Path) -> bool:
+        rel = _relative(path, self.root)
+        parts = rel.split("/")
+        for pattern in (*self.exclude, *self.extend_exclude):
+            pattern = pattern.rstrip("/")
+            if _glob_match(rel, pattern) or any(fnmatch.fnmatchcase(p, pattern) for p in parts):
+                return True
+        return False
+
+
+def _matches(code: str, selector: str) -> bool:
+    return selector == "ALL" or code.startswith(selector)
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _glob_match(rel: str, pattern: str) -> bool:
+    pattern = pattern.removeprefix("./")
+    if fnmatch.fnmatchcase(rel, pattern):
+        return True
+    # `tests/fixtures` also excludes everything below it
+    return rel.startswith(pattern.rstrip("/") + "/")
+
+
+def find_config(start: Path) -> Path | None:
+    """The nearest pyproject.toml with a [tool.torchdoctor] table, walking up."""
+    here = start.resolve()
+    if here.is_file():
+        here = here.parent
+    for folder in (here, *here.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            try:
+                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                continue  # an unrelated broken pyproject further up is not ours to judge
+            if "torchdoctor" in data.get("tool", {}):
+                return candidate
+    return None
+
+
+def load_settings(
+    config_file: Path | None,
+    known_codes: Sequence[str],
+) -> Settings:
+    """Settings from a pyproject.toml's [tool.torchdoctor] table (or defaults)."""
+    settings = Settings()
+    if config_file is None:
+        return settings
+    try:
+        data = tomllib.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {config_file}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{config_file} is not valid TOML: {exc}") from exc
+    table = data.get("tool", {}).get("torchdoctor", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{config_file}: [tool.torchdoctor] must be a table")
+    settings.root = config_file.parent
+    settings.config_file = config_file
+    apply_table(settings, table, known_codes, where=str(config_file))
+    return settings
+
+
+def apply_table(
+    settings: Settings, table: dict[str, Any], known_codes: Sequence[str], where: str
+) -> None:
+    unknown = sorted(set(table) - KNOWN_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) in [tool.torchdoctor]: {', '.join(unknown)}",
+            fix=f"known keys: {', '.join(sorted(KNOWN_KEYS))}",
+        )
+
+    def codes(key: str) -> list[str]:
+        value = table[key]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: '{key}' must be a list of rule codes")
+        return validate_selectors(value, known_codes, where=f"{where}: '{key}'")
+
+    def globs(key: str) -> list[str]:
+        value = table[key]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: '{key}' must be a list of glob patterns")
+        return list(value)
+
+    if "select" in table:
+        settings.select = codes("select")
+    if "extend-select" in table:
+        settings.extend_select += codes("extend-select")
+    for key in ("ignore", "extend-ignore"):
+        if key in table:
+            settings.ignore += codes(key)
+    if "exclude" in table:
+        settings.exclude = globs("exclude")
+    if "extend-exclude" in table:
+        settings.extend_exclude += globs("extend-exclude")
+    if "per-file-ignores" in table:
+        pfi = table["per-file-ignores"]
+        if not isinstance(pfi, dict):
+            raise ConfigError(f"{where}: 'per-file-ignores' must be a table of glob = [codes]")
+        for pattern, value in pfi.items():
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{where}: per-file-ignores '{pattern}' must list rule codes")
+            settings.per_file_ignores[pattern] = validate_selectors(
+                value, known_codes, where=f"{where}: per-file-ignores '{pattern}'"
+            )
+    if "target-version" in table:
+        settings.target_version = parse_torch_version(str(table["target-version"]), where)
+
+
+def parse_torch_version(text: str, where: str = "target-version") -> tuple[int, int]:
+    parts = text.strip().split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        raise ConfigError(
+            f"{where}: target-version {text!r} is not a torch version",
+            fix='write it like "2.4"',
+        ) from None
+    return major, minor
+
+
+def validate_selectors(selectors: Sequence[str], known_codes: Sequence[str], where: str) -> list[str]:
+    """Each selector must be ALL or a prefix of at least one known code."""
+    out = []
+    for raw in selectors:
+        sel = raw.strip().upper()
+        if not sel:
+            continue
+        if sel != "ALL" and not any(code.startswith(sel) for code in known_codes):
+            raise ConfigError(
+                f"{where}: unknown rule code or prefix {raw!r}",
+                fix="`torchdoctor rules` lists every code",
+            )
+        out.append(sel)
+    return out

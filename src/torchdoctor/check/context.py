@@ -1,0 +1,240 @@
+"""Per-file facts shared by every rule: source, tree, import aliases, positions."""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import re
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.rule import Edit, Finding, Fix, FixAvailability
+
+if TYPE_CHECKING:
+    from torchdoctor.check.project import ProjectIndex
+
+# ast counts lines at \n, \r\n and \r only (str.splitlines also splits at \f, \x1c, ...).
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+
+
+def collect_imports(tree: ast.Module) -> dict[str, str]:
+    """Map each name bound by an import anywhere in the file to its dotted target.
+
+    `import torch as T` -> {"T": "torch"}; `from torch import nn` -> {"nn": "torch.nn"};
+    `import torch.nn` binds "torch". Relative imports keep their leading dots.
+    """
+    aliases: dict[str, str] = {}
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        stmt = todo.pop()
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                if alias.asname:
+                    aliases[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".", 1)[0]
+                    aliases[top] = top
+        elif isinstance(stmt, ast.ImportFrom):
+            base = "." * stmt.level + (stmt.module or "")
+            for alias in stmt.names:
+                if alias.name != "*":
+                    sep = "" if not stmt.module else "."
+                    aliases[alias.asname or alias.name] = base + sep + alias.name
+        else:
+            # imports inside functions, classes, if/try/match blocks count too
+            todo.extend(child_statements(stmt))
+    return aliases
+
+
+def child_statements(stmt: ast.stmt) -> list[ast.stmt]:
+    """The statements directly nested in a compound statement (any kind)."""
+    children: list[ast.stmt] = []
+    for name in ("body", "orelse", "finalbody"):
+        value = getattr(stmt, name, None)
+        if isinstance(value, list):
+            children.extend(value)
+    for holder in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
+        children.extend(holder.body)
+    return children
+
+
+class FileContext:
+    """Everything a rule may ask about the file being checked."""
+
+    def __init__(
+        self,
+        path: str,
+        source: str,
+        tree: ast.Module,
+        project: ProjectIndex,
+    ) -> None:
+        self.path = path
+        self.source = source
+        self.tree = tree
+        self.project = project
+        self.imports = collect_imports(tree)
+        # Ancestors of the node being visited, outermost first (kept by the engine).
+        self.stack: list[ast.AST] = []
+        self.findings: list[Finding] = []
+        self._line_starts: list[int] | None = None
+        self._lines: list[str] | None = None
+
+    # -- names ------------------------------------------------------------
+    def qualname(self, node: ast.AST) -> str | None:
+        """Dotted name of a Name/Attribute chain with import aliases resolved.
+
+        `T.load` -> "torch.load" after `import torch as T`; `load` -> "torch.load"
+        after `from torch import load`; `model.to` -> "model.to". Anything else: None.
+        """
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        parts.append(self.imports.get(node.id, node.id))
+        return ".".join(reversed(parts))
+
+    def call_name(self, node: ast.AST) -> str | None:
+        """qualname of a call's callee, or None if `node` is not a plain call."""
+        if isinstance(node, ast.Call):
+            return self.qualname(node.func)
+        return None
+
+    # -- ancestry ---------------------------------------------------------
+    def enclosing(self, *types: type[ast.AST]) -> ast.AST | None:
+        """The innermost ancestor of one of `types`, or None."""
+        for node in reversed(self.stack):
+            if isinstance(node, types):
+                return node
+        return None
+
+    def enclosing_function(self) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        node = self.enclosing(ast.FunctionDef, ast.AsyncFunctionDef)
+        assert node is None or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        return node
+
+    def enclosing_class(self) -> ast.ClassDef | None:
+        node = self.enclosing(ast.ClassDef)
+        assert node is None or isinstance(node, ast.ClassDef)
+        return node
+
+    def is_module_class(self, cls: ast.ClassDef) -> bool:
+        """Whether `cls` subclasses torch.nn.Module (through this file or the project)."""
+        return self.project.is_module_class(cls, self)
+
+    # -- positions ----------------------------------------------------------
+    @property
+    def lines(self) -> list[str]:
+        """Source lines without their line endings (index 0 is line 1)."""
+        if self._lines is None:
+            self._lines = _NEWLINE.split(self.source)
+        return self._lines
+
+    def _starts(self) -> list[int]:
+        if self._line_starts is None:
+            starts = [0]
+            starts.extend(m.end() for m in _NEWLINE.finditer(self.source))
+            self._line_starts = starts
+        return self._line_starts
+
+    def char_column(self, line: int, byte_col: int) -> int:
+        """ast gives UTF-8 byte columns; convert to a character column (0-based)."""
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        if text.isascii():
+            return byte_col
+        return len(text.encode("utf-8")[:byte_col].decode("utf-8", errors="replace"))
+
+    def offset(self, line: int, byte_col: int) -> int:
+        """Character offset into `source` of an ast (line, byte column) position."""
+        return self._starts()[line - 1] + self.char_column(line, byte_col)
+
+    def node_span(self, node: ast.AST) -> tuple[int, int]:
+        """(start, end) character offsets of a node with positions."""
+        start = self.offset(node.lineno, node.col_offset)  # type: ignore[attr-defined]
+        end_line = node.end_lineno or node.lineno  # type: ignore[attr-defined]
+        end_col = node.end_col_offset  # type: ignore[attr-defined]
+        if end_col is None:
+            end_col = node.col_offset  # type: ignore[attr-defined]
+        return start, self.offset(end_line, end_col)
+
+    def segment(self, node: ast.AST) -> str:
+        """The exact source text of a node."""
+        start, end = self.node_span(node)
+        return self.source[start:end]
+
+    def line_of_offset(self, offset: int) -> int:
+        return bisect.bisect_right(self._starts(), offset)
+
+    # -- fixes ----------------------------------------------------------------
+    def replace(self, node: ast.AST, content: str) -> Edit:
+        start, end = self.node_span(node)
+        return Edit(start, end, content)
+
+    def insert_after(self, node: ast.AST, content: str) -> Edit:
+        _, end = self.node_span(node)
+        return Edit(end, end, content)
+
+    @staticmethod
+    def fix(message: str, *edits: Edit, safe: bool = True) -> Fix:
+        return Fix(
+            edits=tuple(edits),
+            applicability=FixAvailability.SAFE if safe else FixAvailability.UNSAFE,
+            message=message,
+        )
+
+    # -- findings ---------------------------------------------------------------
+    def add_finding(
+        self,
+        code: str,
+        node: ast.AST,
+        message: str,
+        *,
+        fix: Fix | None = None,
+        hint: str | None = None,
+    ) -> None:
+        line = getattr(node, "lineno", 1)
+        col = getattr(node, "col_offset", 0)
+        end_line = getattr(node, "end_lineno", None) or line
+        end_col = getattr(node, "end_col_offset", None)
+        if end_col is None:
+            end_col = col
+        noqa = {line, end_line}
+        # A `# noqa` on the first or last line of the enclosing simple statement counts.
+        for anc in reversed([*self.stack, node]):
+            if isinstance(anc, ast.stmt):
+                if _is_simple_statement(anc):
+                    noqa.update((anc.lineno, anc.end_lineno or anc.lineno))
+                break
+        self.findings.append(
+            Finding(
+                code=code,
+                message=message,
+                line=line,
+                column=self.char_column(line, col) + 1,
+                end_line=end_line,
+                end_column=self.char_column(end_line, end_col) + 1,
+                fix=fix,
+                hint=hint,
+                noqa_lines=tuple(sorted(noqa)),
+            )
+        )
+
+
+_COMPOUND = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.If,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+)
+
+
+def _is_simple_statement(node: ast.stmt) -> bool:
+    if isinstance(node, _COMPOUND):
+        return False
+    return not hasattr(ast, "Match") or not isinstance(node, ast.Match)

@@ -1,0 +1,244 @@
+"""The check engine: find files, parse each once, run every rule in one walk."""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import re
+import sys
+import tokenize
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchdoctor.check.config import Settings
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.project import ProjectIndex
+from torchdoctor.check.registry import rule_classes
+from torchdoctor.check.rule import Finding, Rule
+
+SOURCE_SUFFIXES = (".py", ".pyi", ".ipynb")
+
+# `# noqa`, `# noqa: TD101, TD204` (flake8 style; codes of other tools are ignored)
+_NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
+_FILE_NOQA = re.compile(
+    r"^\s*#\s*torchdoctor:\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?\s*$",
+    re.I | re.M,
+)
+_CODE = re.compile(r"[A-Z]+[0-9]+", re.I)
+
+
+@dataclass
+class FileResult:
+    """The outcome for one checked file."""
+
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    source: str | None = None  # the checked text (a notebook's virtual module)
+    fixed: int = 0  # fixes applied by --fix
+
+
+# -- reading ------------------------------------------------------------------------
+def decode_source(data: bytes) -> str:
+    """Decode Python source like the interpreter does (BOM, coding cookie, UTF-8)."""
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    text = data.decode(encoding)
+    return text.removeprefix("\ufeff")
+
+
+def syntax_error_finding(message: str, line: int = 1, column: int = 1) -> Finding:
+    return Finding(
+        code="TD001",
+        message=message,
+        line=max(line, 1),
+        column=max(column, 1),
+        end_line=max(line, 1),
+        end_column=max(column, 1),
+    )
+
+
+# -- checking one source text -----------------------------------------------------------
+def select_rules(enabled: frozenset[str]) -> list[type[Rule]]:
+    return [rule for rule in rule_classes() if rule.code in enabled]
+
+
+def check_source(
+    source: str,
+    path: str,
+    rules: Sequence[type[Rule]],
+    project: ProjectIndex | None = None,
+) -> list[Finding]:
+    """Run `rules` on one source text; never raises for bad input or a broken rule."""
+    if _FILE_NOQA.search(source):
+        file_noqa = _file_noqa_codes(source)
+        if file_noqa is None:
+            return []
+        rules = [r for r in rules if r.code not in file_noqa]
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        return [
+            syntax_error_finding(
+                f"SyntaxError: {exc.msg}; the file was not checked", exc.lineno or 1, exc.offset or 1
+            )
+        ]
+    except (ValueError, MemoryError, RecursionError) as exc:
+        return [syntax_error_finding(f"cannot parse: {exc}; the file was not checked")]
+    project = project if project is not None else ProjectIndex.build([source])
+    ctx = FileContext(path, source, tree, project)
+    active = [cls(ctx) for cls in rules if not cls.triggers or any(t in source for t in cls.triggers)]
+    if active:
+        _run_rules(ctx, active)
+    return apply_noqa(ctx.findings, source)
+
+
+def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
+    dispatch: dict[type[ast.AST], list[tuple[Rule, Callable[[ast.AST], None]]]] = {}
+    for rule in active:
+        for node_type in rule.node_types:
+            dispatch.setdefault(node_type, []).append((rule, rule.visit))
+    broken: set[str] = set()
+
+    def fail(rule: Rule, exc: BaseException, node: ast.AST | None) -> None:
+        broken.add(rule.code)
+        for handlers in dispatch.values():
+            handlers[:] = [h for h in handlers if h[0] is not rule]
+        ctx.findings.append(
+            Finding(
+                code="TD900",
+                message=f"internal error in rule {rule.code} ({rule.name}): "
+                f"{type(exc).__name__}: {exc}; please report this",
+                line=getattr(node, "lineno", 1),
+                column=getattr(node, "col_offset", 0) + 1,
+                end_line=getattr(node, "lineno", 1),
+                end_column=getattr(node, "col_offset", 0) + 1,
+            )
+        )
+
+    stack = ctx.stack
+
+    def walk(node: ast.AST) -> None:
+        handlers = dispatch.get(type(node))
+        if handlers:
+            for rule, visit in tuple(handlers):
+                try:
+                    visit(node)
+                except Exception as exc:  # noqa: BLE001 - reported as TD900, the run goes on
+                    fail(rule, exc, node)
+        stack.append(node)
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if value.__class__ is list:
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        walk(item)
+            elif isinstance(value, ast.AST):
+                walk(value)
+        stack.pop()
+
+    if dispatch:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 20_000))
+        try:
+            walk(ctx.tree)
+        except RecursionError:
+            stack.clear()
+            ctx.findings.append(
+                syntax_error_finding("the file is nested too deeply to check; it was skipped")
+            )
+        finally:
+            sys.setrecursionlimit(limit)
+    for rule in active:
+        if rule.code in broken:
+            continue
+        try:
+            rule.finish()
+        except Exception as exc:  # noqa: BLE001
+            fail(rule, exc, None)
+
+
+# -- suppression ----------------------------------------------------------------------
+def _file_noqa_codes(source: str) -> frozenset[str] | None:
+    """None: the whole file is suppressed; else the codes suppressed file-wide."""
+    codes: set[str] = set()
+    for match in _FILE_NOQA.finditer(source):
+        if not match.group("codes"):
+            return None
+        codes.update(c.upper() for c in _CODE.findall(match.group("codes")))
+    return frozenset(codes)
+
+
+def noqa_map(source: str) -> dict[int, frozenset[str] | None]:
+    """Line -> codes silenced there (None: all codes)."""
+    result: dict[int, frozenset[str] | None] = {}
+    if "noqa" not in source.lower():
+        return result
+    for lineno, line in enumerate(source.splitlines(), start=1):
+        if "#" not in line:
+            continue
+        match = _NOQA.search(line)
+        if match:
+            codes = match.group("codes")
+            result[lineno] = (
+                None if not codes else frozenset(c.upper() for c in _CODE.findall(codes))
+            )
+    return result
+
+
+def apply_noqa(findings: list[Finding], source: str) -> list[Finding]:
+    silenced = noqa_map(source)
+    if not silenced:
+        return sorted(findings, key=_order)
+    kept = []
+    for finding in findings:
+        if finding.code in ("TD001", "TD900"):
+            kept.append(finding)
+            continue
+        lines = finding.noqa_lines or (finding.line, finding.end_line)
+        if any(
+            line in silenced and (silenced[line] is None or finding.code in silenced[line])  # type: ignore[operator]
+            for line in lines
+        ):
+            continue
+        kept.append(finding)
+    return sorted(kept, key=_order)
+
+
+def _order(f: Finding) -> tuple[int, int, str]:
+    return (f.line, f.column, f.code)
+
+
+# -- discovery ------------------------------------------------------------------------
+def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
+    """Files to check: explicit files always; folders walked, honouring excludes."""
+    seen: set[Path] = set()
+    for path in paths:
+        if path.is_file():
+            if path not in seen:
+                seen.add(path)
+                yield path
+            continue
+        for folder, dirnames, filenames in os.walk(path):
+            here = Path(folder)
+            dirnames[:] = sorted(d for d in dirnames if not settings.is_excluded(here / d))
+            for name in sorted(filenames):
+                if name.endswith(SOURCE_SUFFIXES):
+                    file = here / name
+                    if file not in seen and not settings.is_excluded(file):
+                        seen.add(file)
+                        yield file
+
+
+def iter_sources(files: Iterable[Path]) -> Iterator[tuple[Path, str | None, Finding | None]]:
+    """(path, text, None) or (path, None, TD001 finding) for each file."""
+    for file in files:
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            yield file, None, syntax_error_finding(f"cannot read file: {exc.strerror or exc}")
+            continue
+        try:
+            yield file, decode_source(data), None
+        except (UnicodeDecodeError, SyntaxError, LookupError) as exc:
+            yield file, None, syntax_error_finding(f"cannot decode file: {exc}")

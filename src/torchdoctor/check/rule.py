@@ -1,0 +1,108 @@
+"""What a rule is and what it reports.
+
+A rule is one module in `check/rules/` defining one `Rule` subclass. Its
+docstring is the user's documentation, in ruff's shape: What it does / Why is
+this bad? / Example / Use instead / Fix safety / References.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from torchdoctor.check.context import FileContext
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+class FixAvailability(str, enum.Enum):
+    NONE = "none"
+    SAFE = "safe"  # applied by --fix
+    UNSAFE = "unsafe"  # applied by --fix --unsafe-fixes: may change behaviour
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace source[start:end] (character offsets into the checked text) with content."""
+
+    start: int
+    end: int
+    content: str
+
+
+@dataclass(frozen=True)
+class Fix:
+    edits: tuple[Edit, ...]
+    applicability: FixAvailability
+    message: str
+
+
+@dataclass
+class Finding:
+    """One problem at one place. Lines are 1-based, columns 1-based (characters)."""
+
+    code: str
+    message: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    fix: Fix | None = None
+    hint: str | None = None
+    # Lines on which a `# noqa` also silences this finding (first/last line of the statement).
+    noqa_lines: tuple[int, ...] = field(default=(), compare=False, repr=False)
+
+
+class Rule:
+    """Base class of every static rule.
+
+    The engine walks each file's tree once and calls `visit(node)` for nodes
+    whose type is in `node_types`, with `ctx.stack` holding the ancestors;
+    then calls `finish()` for whole-file analysis. A rule whose `triggers`
+    (substrings) all miss the file's text is skipped for that file.
+    """
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    category: ClassVar[str]  # device, training, loss, checkpoint, data, deprecation
+    severity: ClassVar[Severity] = Severity.WARNING
+    fix_availability: ClassVar[FixAvailability] = FixAvailability.NONE
+    default_enabled: ClassVar[bool] = True
+    triggers: ClassVar[tuple[str, ...]] = ()
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.ctx = ctx
+
+    def visit(self, node: ast.AST) -> None:
+        """Called for each node of a type in `node_types`."""
+
+    def finish(self) -> None:
+        """Called once after the walk."""
+
+    def report(
+        self,
+        node: ast.AST,
+        message: str,
+        *,
+        fix: Fix | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.ctx.add_finding(self.code, node, message, fix=fix, hint=hint)
+
+    # -- documentation --------------------------------------------------
+    @classmethod
+    def doc(cls) -> str:
+        return inspect.cleandoc(cls.__doc__ or "")
+
+    @classmethod
+    def summary(cls) -> str:
+        return cls.doc().split("\n", 1)[0].strip()

@@ -1,0 +1,1 @@
+"""One module per rule, named `td<code>_<name>.py`; discovered automatically."""

@@ -1,0 +1,78 @@
+"""The `torchdoctor` command line: a thin argparse front over the subcommands.
+
+Each subcommand lives beside the code it drives and exposes
+`register(subparsers)`, which adds its parser and sets `func(args) -> int`.
+Importing these modules must stay cheap and must not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from torchdoctor import __version__
+from torchdoctor.errors import TorchDoctorError
+
+# Order is the order shown in --help.
+COMMAND_MODULES: tuple[str, ...] = ("torchdoctor.check.commands",)
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits with 2 and a one-line message (its default, kept explicit)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"torchdoctor: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="torchdoctor",
+        description="Find, prevent and explain the mistakes that make PyTorch code "
+        "crash or silently train wrong.",
+    )
+    parser.add_argument("--version", action="version", version=f"torchdoctor {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_ERROR
+    try:
+        return int(args.func(args))
+    except TorchDoctorError as exc:
+        print(f"torchdoctor: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `torchdoctor check | head`: the reader left; not our error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FINDINGS
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a raw traceback
+        if os.environ.get("TORCHDOCTOR_DEBUG"):
+            raise
+        print(
+            f"torchdoctor: internal error: {type(exc).__name__}: {exc}\n"
+            "  (set TORCHDOCTOR_DEBUG=1 for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""Errors torchdoctor raises on bad input: one line of cause, one of fix."""
+
+from __future__ import annotations
+
+
+class TorchDoctorError(Exception):
+    """Base class: a clear cause and, where one exists, the fix."""
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(message if fix is None else f"{message}\n  fix: {fix}")
+
+
+class UsageError(TorchDoctorError):
+    """Bad command-line arguments or configuration (exit code 2)."""
+
+
+class ConfigError(UsageError):
+    """Invalid `[tool.torchdoctor]` configuration."""
+
+
+class TorchNotInstalledError(TorchDoctorError, ImportError):
+    """A runtime feature was used without torch installed."""
+
+    def __init__(self, feature: str = "this feature") -> None:
+        super().__init__(
+            f"{feature} needs PyTorch, which is not installed",
+            fix="pip install 'torchdoctor[runtime]' (or install torch for your platform)",
+        )
+
+
+class DeviceMismatchError(TorchDoctorError, RuntimeError):
+    """Tensors or parameters that must share a device do not; the message names each path."""
