@@ -37,9 +37,7 @@ class RuleInfo:
         return DOCS_URL.format(code=self.code)
 
 
-def _info(
-    code: str, name: str, category: str, severity: Severity, kind: str, doc: str
-) -> RuleInfo:
+def _info(code: str, name: str, category: str, severity: Severity, kind: str, doc: str) -> RuleInfo:
     return RuleInfo(
         code, name, category, severity, FixAvailability.NONE, True, inspect.cleandoc(doc), kind
     )

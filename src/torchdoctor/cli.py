@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FINDINGS
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a raw traceback
+    except Exception as exc:  # the last line of defence: never a raw traceback
         if os.environ.get("TORCHDOCTOR_DEBUG"):
             raise
         print(

@@ -213,7 +213,9 @@ def parse_torch_version(text: str, where: str = "target-version") -> tuple[int, 
     return major, minor
 
 
-def validate_selectors(selectors: Sequence[str], known_codes: Sequence[str], where: str) -> list[str]:
+def validate_selectors(
+    selectors: Sequence[str], known_codes: Sequence[str], where: str
+) -> list[str]:
     """Each selector must be ALL or a prefix of at least one known code."""
     out = []
     for raw in selectors:

@@ -35,8 +35,27 @@ class FileResult:
 
     path: str
     findings: list[Finding] = field(default_factory=list)
-    source: str | None = None  # the checked text (a notebook's virtual module)
+    source: str | None = None  # the checked text after fixes (a notebook's virtual module)
+    original: str | None = None  # the text before fixes, when fixes changed it
     fixed: int = 0  # fixes applied by --fix
+    # For notebooks: virtual line (1-based) -> (cell number, line in cell), both 1-based.
+    cell_lines: list[tuple[int, int]] | None = None
+
+    @property
+    def display_path(self) -> str:
+        return self.path
+
+    def display_line(self, line: int) -> int:
+        if self.cell_lines and 0 < line <= len(self.cell_lines):
+            return self.cell_lines[line - 1][1]
+        return line
+
+    def location(self, finding: Finding) -> str:
+        """`12:5`, or `cell 3:2:5` in a notebook."""
+        if self.cell_lines and 0 < finding.line <= len(self.cell_lines):
+            cell, line = self.cell_lines[finding.line - 1]
+            return f"cell {cell}:{line}:{finding.column}"
+        return f"{finding.line}:{finding.column}"
 
 
 # -- reading ------------------------------------------------------------------------
@@ -80,14 +99,18 @@ def check_source(
     except SyntaxError as exc:
         return [
             syntax_error_finding(
-                f"SyntaxError: {exc.msg}; the file was not checked", exc.lineno or 1, exc.offset or 1
+                f"SyntaxError: {exc.msg}; the file was not checked",
+                exc.lineno or 1,
+                exc.offset or 1,
             )
         ]
     except (ValueError, MemoryError, RecursionError) as exc:
         return [syntax_error_finding(f"cannot parse: {exc}; the file was not checked")]
     project = project if project is not None else ProjectIndex.build([source])
     ctx = FileContext(path, source, tree, project)
-    active = [cls(ctx) for cls in rules if not cls.triggers or any(t in source for t in cls.triggers)]
+    active = [
+        cls(ctx) for cls in rules if not cls.triggers or any(t in source for t in cls.triggers)
+    ]
     if active:
         _run_rules(ctx, active)
     return apply_noqa(ctx.findings, source)
@@ -124,7 +147,7 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
             for rule, visit in tuple(handlers):
                 try:
                     visit(node)
-                except Exception as exc:  # noqa: BLE001 - reported as TD900, the run goes on
+                except Exception as exc:  # reported as TD900, the run goes on
                     fail(rule, exc, node)
         stack.append(node)
         for name in node._fields:
@@ -154,7 +177,7 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
             continue
         try:
             rule.finish()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             fail(rule, exc, None)
 
 
@@ -242,3 +265,52 @@ def iter_sources(files: Iterable[Path]) -> Iterator[tuple[Path, str | None, Find
             yield file, decode_source(data), None
         except (UnicodeDecodeError, SyntaxError, LookupError) as exc:
             yield file, None, syntax_error_finding(f"cannot decode file: {exc}")
+
+
+# -- a whole run ------------------------------------------------------------------------
+MAX_FIX_PASSES = 10
+
+
+@dataclass
+class RunOptions:
+    enabled: frozenset[str]
+    fix: bool = False
+    unsafe_fixes: bool = False
+    diff: bool = False  # compute fixes but do not write them
+
+
+def check_text(
+    source: str,
+    path: str,
+    rules: Sequence[type[Rule]],
+    project: ProjectIndex,
+    options: RunOptions,
+) -> tuple[list[Finding], str, int]:
+    """Check one text; with fix/diff, fix until stable.
+
+    Returns (findings left, final text, number of fixes applied).
+    """
+    from torchdoctor.check.fix import apply_edits
+
+    findings = check_source(source, path, rules, project)
+    if not (options.fix or options.diff):
+        return findings, source, 0
+    text = source
+    total = 0
+    for _ in range(MAX_FIX_PASSES):
+        new_text, applied = apply_edits(text, findings, options.unsafe_fixes)
+        if not applied:
+            break
+        text = new_text
+        total += applied
+        findings = check_source(text, path, rules, project)
+    return findings, text, total
+
+
+def rules_for(path: Path, settings: Settings, options: RunOptions) -> list[type[Rule]]:
+    ignored = settings.ignored_for(path)
+    return [
+        rule
+        for rule in select_rules(options.enabled)
+        if not any(rule.code.startswith(sel) or sel == "ALL" for sel in ignored)
+    ]

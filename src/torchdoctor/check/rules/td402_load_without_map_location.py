@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import ast
+from typing import ClassVar
+
+from torchdoctor.check.rule import FixAvailability, Rule, Severity
+
+
+class LoadWithoutMapLocation(Rule):
+    """`torch.load()` without `map_location`: fails on a machine without the saving GPU.
+
+    ## What it does
+    Finds calls to `torch.load` that do not pass `map_location`.
+
+    ## Why is this bad?
+    `torch.save` records the device of every tensor. Without `map_location`,
+    `torch.load` puts each tensor back on that device, so a checkpoint written on
+    a GPU machine fails on a CPU-only laptop or CI runner with
+    `RuntimeError: Attempting to deserialize object on a CUDA device but
+    torch.cuda.is_available() is False`, and one written on `cuda:1` fails on a
+    one-GPU machine with `invalid device ordinal`. Even where it works, every
+    tensor first lands on the saving GPU, which can run that GPU out of memory.
+
+    ## Example
+    ```python
+    state = torch.load("model.pt")
+    model.load_state_dict(state)
+    ```
+
+    ## Use instead
+    ```python
+    state = torch.load("model.pt", map_location="cpu")
+    model.load_state_dict(state)  # load_state_dict copies onto the model's device
+    ```
+    or `td.load_checkpoint("model.pt", model)`, which always sets it.
+
+    ## Fix safety
+    The fix adds `map_location="cpu"` and is safe: `load_state_dict` copies the
+    values onto the model's own device. Code that relies on tensors coming back
+    on the GPU directly should pass `map_location=device` instead.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.load.html
+    """
+
+    code = "TD402"
+    name = "load-without-map-location"
+    category = "checkpoint"
+    severity = Severity.WARNING
+    fix_availability = FixAvailability.SAFE
+    triggers: ClassVar[tuple[str, ...]] = ("load",)
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call,)
+
+    def visit(self, node: ast.AST) -> None:
+        assert isinstance(node, ast.Call)
+        if self.ctx.call_name(node) != "torch.load" or not node.args:
+            return
+        if len(node.args) >= 2 or any(kw.arg in ("map_location", None) for kw in node.keywords):
+            return  # positional map_location, or **kwargs that may carry it
+        last = max(
+            (*node.args, *node.keywords),
+            key=lambda n: (getattr(n, "end_lineno", 0), getattr(n, "end_col_offset", 0)),
+        )
+        fix = self.ctx.fix(
+            'add `map_location="cpu"`',
+            self.ctx.insert_after(last, ', map_location="cpu"'),
+        )
+        self.report(
+            node,
+            "`torch.load` without `map_location` restores tensors onto the device they "
+            "were saved from; it fails on a machine without that GPU",
+            fix=fix,
+        )

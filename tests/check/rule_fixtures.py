@@ -1,0 +1,60 @@
+"""Shared helpers for the data-driven rule fixtures (`# expect: TD101` markers)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from torchdoctor.check.engine import RunOptions, check_text
+from torchdoctor.check.project import ProjectIndex
+from torchdoctor.check.registry import rules_by_code
+from torchdoctor.check.rule import FixAvailability
+
+FIXTURES = Path(__file__).parent / "fixtures"
+_EXPECT = re.compile(r"#.*?expect:\s*(?P<codes>TD\d{3}(?:\s*,\s*TD\d{3})*)")
+
+
+def fixture_cases() -> list[Path]:
+    """`TD101.py`, `TD101_more.py` files and `TD112_project/` folders (not `*.fixed.py`)."""
+    cases = []
+    for path in sorted(FIXTURES.iterdir()):
+        if not path.name.startswith("TD") or path.name.endswith(".fixed.py"):
+            continue
+        if path.is_dir() or path.suffix == ".py":
+            cases.append(path)
+    return cases
+
+
+def case_files(case: Path) -> list[Path]:
+    return sorted(case.rglob("*.py")) if case.is_dir() else [case]
+
+
+def expected(path: Path, code: str) -> set[tuple[str, int, str]]:
+    found = set()
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        match = _EXPECT.search(line)
+        if match:
+            for c in re.split(r"\s*,\s*", match.group("codes")):
+                if c == code:
+                    found.add((path.name, lineno, c))
+    return found
+
+
+def run_rule(
+    case: Path, code: str, *, fix: bool = False
+) -> dict[Path, tuple[set[tuple[str, int, str]], str]]:
+    """Run one rule over a fixture case; returns file -> (found (file, line, code), text)."""
+    rule = rules_by_code()[code]
+    files = case_files(case)
+    sources = {f: f.read_text(encoding="utf-8") for f in files}
+    project = ProjectIndex.build(sources.values())
+    options = RunOptions(
+        enabled=frozenset({code}),
+        fix=fix,
+        unsafe_fixes=rule.fix_availability is FixAvailability.UNSAFE,
+    )
+    out = {}
+    for f, text in sources.items():
+        findings, new_text, _ = check_text(text, str(f), [rule], project, options)
+        out[f] = ({(f.name, x.line, x.code) for x in findings}, new_text)
+    return out
