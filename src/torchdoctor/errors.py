@@ -32,3 +32,19 @@ class TorchNotInstalledError(TorchDoctorError, ImportError):
 
 class DeviceMismatchError(TorchDoctorError, RuntimeError):
     """Tensors or parameters that must share a device do not; the message names each path."""
+
+
+class InvalidArgumentError(TorchDoctorError, TypeError, ValueError):
+    """A runtime helper got an argument of the wrong type or value."""
+
+
+class DeviceUnavailableError(TorchDoctorError, RuntimeError):
+    """A requested device is unknown, or not usable on this machine."""
+
+
+class CheckpointError(TorchDoctorError, RuntimeError):
+    """A checkpoint cannot be written, read or loaded into the given objects."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """`weights_only=True` refused a checkpoint that needs arbitrary unpickling."""
