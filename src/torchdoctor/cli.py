@@ -17,7 +17,10 @@ from torchdoctor import __version__
 from torchdoctor.errors import TorchDoctorError
 
 # Order is the order shown in --help.
-COMMAND_MODULES: tuple[str, ...] = ("torchdoctor.check.commands",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "torchdoctor.check.commands",
+    "torchdoctor.runtime.env_cli",
+)
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
