@@ -20,6 +20,7 @@ from torchdoctor.errors import TorchDoctorError
 COMMAND_MODULES: tuple[str, ...] = (
     "torchdoctor.check.commands",
     "torchdoctor.runtime.env_cli",
+    "torchdoctor.explain.cli",
 )
 
 EXIT_OK = 0

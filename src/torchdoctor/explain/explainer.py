@@ -147,15 +147,16 @@ class Explanation:
 def _from_entry(
     message: str, entry: kb.Entry, facts: dict[str, Any], frame: FrameInfo | None
 ) -> Explanation:
+    causes = entry.causes_for(message) or entry.causes
     return Explanation(
         message=message,
         known=True,
         id=entry.id,
-        code=entry.codes[0] if entry.codes else None,
+        code=causes[0].codes[0] if causes[0].codes else None,
         topic=entry.topic,
         title=entry.title,
         summary=entry.summary,
-        causes=entry.causes,
+        causes=causes,
         fixes=entry.fixes,
         facts=facts,
         frame=frame,
@@ -219,7 +220,13 @@ def _add_live_findings(explanation: Explanation, exc: BaseException, model: Any)
         def rank(cause: Cause) -> int:
             return min((order[c] for c in cause.codes if c in order), default=len(order))
 
-        explanation.causes = tuple(sorted(explanation.causes, key=rank))
+        covered = {code for cause in explanation.causes for code in cause.codes}
+        found = tuple(
+            Cause(f"{c.role} `{c.name}` is on {c.device}: {c.note}.", (c.code,))
+            for c in findings.culprits
+            if c.code and c.code not in covered
+        )
+        explanation.causes = tuple(sorted((*found, *explanation.causes), key=rank))
         explanation.code = findings.codes[0]
 
 

@@ -253,7 +253,14 @@ def inspect_live(exc: BaseException, root: Any = None, topic: str = "") -> LiveF
     if torch is None:
         return findings
     frames = [f for f, _ in _walk(exc.__traceback__)]
-    module_frames = [f for f in frames if isinstance(f.f_locals.get("self"), torch.nn.Module)]
+    # Frames of forward methods (not of nn.Module's own call machinery) whose self is a module.
+    machinery = torch.nn.modules.module.__file__
+    module_frames = [
+        f
+        for f in frames
+        if isinstance(f.f_locals.get("self"), torch.nn.Module)
+        and f.f_code.co_filename != machinery
+    ]
     if root is None and module_frames:
         root = module_frames[0].f_locals["self"]
     failing = module_frames[-1].f_locals["self"] if module_frames else None
@@ -345,7 +352,8 @@ def _blame_device(findings: LiveFindings, root: Any, failing: Any) -> None:
     if root is not None:
         for name, module in _plain_containers(root):
             params = list(module.parameters())
-            if params and str(params[0].device) != reference:
+            inside = failing is not None and any(m is failing for m in module.modules())
+            if params and str(params[0].device) != reference and (inside or not culprits):
                 culprits.append(
                     Culprit("module", name, str(params[0].device), note=(
                         "held in a plain list/dict: not registered, so model.to() skipped it"

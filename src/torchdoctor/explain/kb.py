@@ -47,6 +47,7 @@ class Cause:
     text: str
     codes: tuple[str, ...] = ()
     tell: str = ""  # how to tell this cause apart from the others
+    when: re.Pattern[str] | None = None  # only a cause when the message matches this
 
     def as_dict(self) -> dict[str, Any]:
         return {"text": self.text, "codes": list(self.codes), "tell": self.tell}
@@ -73,6 +74,10 @@ class Entry:
     examples: tuple[str, ...] = ()
     priority: int = 0  # higher wins when several entries match one message
     codes: tuple[str, ...] = field(default=())  # every code of every cause, in rank order
+
+    def causes_for(self, text: str) -> tuple[Cause, ...]:
+        """The causes that fit this message (a cause with `when` must match it)."""
+        return tuple(c for c in self.causes if c.when is None or c.when.search(text))
 
     def search(self, text: str) -> re.Match[str] | None:
         for pattern in self.patterns:
@@ -110,7 +115,11 @@ def parse_entry(name: str, data: dict[str, Any]) -> Entry:
         bad = [c for c in codes if not _RULE_CODE.match(c)]
         if bad:
             raise KnowledgeBaseError(f"{where}: bad rule code(s) {bad}")
-        causes.append(Cause(_require(raw, "text", str, where), codes, raw.get("tell", "")))
+        try:
+            when = re.compile(raw["when"], re.IGNORECASE) if "when" in raw else None
+        except re.error as exc:
+            raise KnowledgeBaseError(f"{where}: bad `when` pattern: {exc}") from exc
+        causes.append(Cause(_require(raw, "text", str, where), codes, raw.get("tell", ""), when))
     fixes = [
         Fix(_require(raw, "text", str, where), raw.get("code", "").strip("\n"))
         for raw in _require(data, "fixes", list, where)
