@@ -260,6 +260,7 @@ def inspect_live(exc: BaseException, root: Any = None, topic: str = "") -> LiveF
         for f in frames
         if isinstance(f.f_locals.get("self"), torch.nn.Module)
         and f.f_code.co_filename != machinery
+        and not f.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep)
     ]
     if root is None and module_frames:
         root = module_frames[0].f_locals["self"]
