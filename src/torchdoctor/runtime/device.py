@@ -553,13 +553,13 @@ def _named_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, t
 
 
 def _mismatch_error(
-    found: list[tuple[str, torch.Tensor, str]], roots: list[str]
+    found: list[tuple[str, torch.Tensor, str]], roots: list[str], subject: str
 ) -> DeviceMismatchError:
     """One error naming each tensor off the majority device, and summarising the rest."""
     counts = collections.Counter(str(t.device) for _, t, _ in found)
     majority = counts.most_common(1)[0][0]
     summary = ", ".join(f"{dev} ({n} tensor{'s' * (n != 1)})" for dev, n in counts.most_common())
-    lines = [f"tensors that must share a device are on {len(counts)} devices: {summary} (TD120)"]
+    lines = [f"{subject} tensors on {len(counts)} devices: {summary} (TD120)"]
     shown_per_device: collections.Counter[str] = collections.Counter()
     plain_attrs = []
     for path, tensor, note in found:
@@ -614,7 +614,7 @@ def device_of(obj: Any) -> torch.device:
     devices = {t.device for _, t, _ in found}
     if len(devices) == 1:
         return devices.pop()
-    raise _mismatch_error(found, [root])
+    raise _mismatch_error(found, [root], f"{root} has")
 
 
 # --------------------------------------------------------------------------- device_safe
@@ -680,6 +680,5 @@ def _named_mismatch(
         for path, tensor, note in _named_tensors(value, name):
             if not _is_cpu_scalar(tensor):
                 found.append((path, tensor, note))
-    error = _mismatch_error(found, list(arguments))
     name = getattr(fn, "__qualname__", repr(fn))
-    return DeviceMismatchError(f"{name}() called with {error.message}", fix=error.fix)
+    return _mismatch_error(found, list(arguments), f"{name}() got")

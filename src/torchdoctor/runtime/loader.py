@@ -69,7 +69,7 @@ class DeviceLoader(Generic[B]):
             # The memory was allocated on the copy stream: tell the caching allocator it
             # is used on the compute stream, so it is not reused while kernels still read it.
             for _, tensor, _ in _named_tensors(batch, ""):
-                if tensor.device.type == "cuda":
+                if tensor.device.type != "cpu":  # e.g. PackedSequence.batch_sizes stays on CPU
                     tensor.record_stream(compute_stream)
             upcoming = start_copy()  # overlaps with the caller's compute on `batch`
             yield batch
