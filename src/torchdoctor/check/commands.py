@@ -3,18 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import io
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from torchdoctor.catalog import catalog, lookup
 from torchdoctor.check import report
-from torchdoctor.check.config import find_config, load_settings, validate_selectors
-from torchdoctor.check.engine import RunOptions
+from torchdoctor.check.config import (
+    Settings,
+    find_config,
+    load_settings,
+    parse_torch_version,
+    validate_selectors,
+)
+from torchdoctor.check.engine import FileResult, RunOptions
+from torchdoctor.check.notebook import cell_diffs, write_notebook
 from torchdoctor.check.runner import run_check
 from torchdoctor.errors import UsageError
+
+
+def _jobs(value: str) -> int:
+    try:
+        jobs = int(value)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of processes >= 1, got {value!r}")
+    return jobs
 
 
 def register(subparsers: Any) -> None:
@@ -24,33 +44,79 @@ def register(subparsers: Any) -> None:
         description="Statically check PyTorch code for device, training-loop, loss, "
         "checkpoint and data-loading mistakes. Exit 0: clean; 1: findings; 2: error.",
     )
-    check.add_argument("paths", nargs="*", type=Path, help="files or folders (default: .)")
-    check.add_argument("--select", help="comma-separated codes or prefixes to enable (TD1,TD402)")
-    check.add_argument("--extend-select", help="codes or prefixes to enable on top")
-    check.add_argument("--ignore", help="codes or prefixes to disable")
-    check.add_argument("--exclude", help="comma-separated globs replacing the default excludes")
-    check.add_argument("--extend-exclude", help="comma-separated globs to exclude as well")
     check.add_argument(
+        "paths", nargs="*", help="files or folders (default: .); `-` reads the standard input"
+    )
+    rules = check.add_argument_group("rule selection")
+    rules.add_argument("--select", help="comma-separated codes or prefixes to enable (TD1,TD402)")
+    rules.add_argument("--extend-select", help="codes or prefixes to enable on top")
+    rules.add_argument("--ignore", help="codes or prefixes to disable")
+    rules.add_argument(
+        "--per-file-ignores",
+        action="append",
+        metavar="GLOB:CODES",
+        help="disable codes for matching files, e.g. 'tests/*:TD101,TD402' "
+        "(repeatable; replaces the configured table)",
+    )
+    rules.add_argument("--target-version", help="the torch version the code must run on, e.g. 2.1")
+    files = check.add_argument_group("file selection")
+    files.add_argument("--exclude", help="comma-separated globs replacing the default excludes")
+    files.add_argument("--extend-exclude", help="comma-separated globs to exclude as well")
+    files.add_argument(
+        "--force-exclude",
+        action="store_true",
+        default=None,
+        help="apply excludes and .gitignore to files named on the command line too "
+        "(for pre-commit, which names every changed file)",
+    )
+    files.add_argument(
+        "--no-respect-gitignore",
+        dest="respect_gitignore",
+        action="store_false",
+        default=None,
+        help="also check files that git ignores",
+    )
+    files.add_argument(
+        "--stdin-filename",
+        type=Path,
+        help="the file name of the code read from the standard input (`-`)",
+    )
+    files.add_argument("--config", type=Path, help="pyproject.toml to use (default: nearest)")
+    files.add_argument("--isolated", action="store_true", help="ignore all configuration files")
+    output = check.add_argument_group("output")
+    output.add_argument(
         "--format",
         default="text",
         choices=sorted(report.FORMATS),
         help="output format (default: text)",
     )
-    check.add_argument("--fix", action="store_true", help="apply safe fixes in place")
-    check.add_argument(
+    output.add_argument("-o", "--output-file", type=Path, help="write the report to this file")
+    output.add_argument("--statistics", action="store_true", help="count findings by code")
+    output.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
+    fixes = check.add_argument_group("fixes")
+    fixes.add_argument("--fix", action="store_true", help="apply safe fixes in place")
+    fixes.add_argument(
         "--unsafe-fixes", action="store_true", help="with --fix/--diff, apply unsafe fixes too"
     )
-    check.add_argument("--diff", action="store_true", help="show fixes as a diff; write nothing")
-    check.add_argument("--statistics", action="store_true", help="count findings by code")
-    check.add_argument("--config", type=Path, help="pyproject.toml to use (default: nearest)")
-    check.add_argument("--isolated", action="store_true", help="ignore all configuration files")
-    check.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
+    fixes.add_argument("--diff", action="store_true", help="show fixes as a diff; write nothing")
+    speed = check.add_argument_group("speed")
+    speed.add_argument(
+        "-j",
+        "--jobs",
+        type=_jobs,
+        help="processes to check files with (default: one per core; 1: in this process)",
+    )
+    speed.add_argument(
+        "--no-cache", action="store_true", help="do not read or write .torchdoctor_cache/"
+    )
     check.set_defaults(func=run_check_command)
 
-    rules = subparsers.add_parser("rules", help="list every rule code")
-    rules.add_argument("--format", choices=("text", "json"), default="text")
-    rules.add_argument("--all", action="store_true", help="include engine and runtime-only codes")
-    rules.set_defaults(func=run_rules_command)
+    rules_cmd = subparsers.add_parser("rules", help="list every rule code")
+    rules_cmd.add_argument("--format", choices=("text", "json"), default="text")
+    rules_cmd.add_argument(
+        "--all", action="store_true", help="include engine and runtime-only codes"
+    )
+    rules_cmd.set_defaults(func=run_rules_command)
 
     rule = subparsers.add_parser("rule", help="show one rule's documentation")
     rule.add_argument("code", help="a rule code (TD402) or name (load-without-map-location)")
@@ -61,17 +127,14 @@ def _split(value: str | None) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
 
 
-def run_check_command(args: argparse.Namespace) -> int:
-    paths: list[Path] = args.paths or [Path(".")]
-    for path in paths:
-        if not path.exists():
-            raise UsageError(f"{path}: no such file or folder")
+def _settings(args: argparse.Namespace, anchor: Path) -> Settings:
+    """Config file settings (found from `anchor`), then command-line overrides."""
     known = list(catalog())
     config_file = args.config
     if config_file is not None and not config_file.is_file():
         raise UsageError(f"--config {config_file}: no such file")
     if config_file is None and not args.isolated:
-        config_file = find_config(paths[0])
+        config_file = find_config(anchor)
     settings = load_settings(config_file, known)
     if args.select is not None:
         settings.select = validate_selectors(_split(args.select), known, "--select")
@@ -79,40 +142,118 @@ def run_check_command(args: argparse.Namespace) -> int:
         _split(args.extend_select), known, "--extend-select"
     )
     settings.ignore += validate_selectors(_split(args.ignore), known, "--ignore")
+    if args.per_file_ignores:
+        settings.per_file_ignores = {}
+        for item in args.per_file_ignores:
+            pattern, sep, codes = item.rpartition(":")
+            if not sep or not pattern or not codes.strip():
+                raise UsageError(f"--per-file-ignores {item!r}: expected GLOB:CODES")
+            settings.per_file_ignores[pattern] = validate_selectors(
+                _split(codes), known, f"--per-file-ignores {pattern!r}"
+            )
+    if args.target_version is not None:
+        settings.target_version = parse_torch_version(args.target_version, "--target-version")
     if args.exclude is not None:
         settings.exclude = _split(args.exclude)
     settings.extend_exclude += _split(args.extend_exclude)
+    if args.force_exclude is not None:
+        settings.force_exclude = args.force_exclude
+    if args.respect_gitignore is not None:
+        settings.respect_gitignore = args.respect_gitignore
+    return settings
+
+
+def run_check_command(args: argparse.Namespace) -> int:
+    raw_paths: list[str] = args.paths
+    use_stdin = raw_paths == ["-"] or (not raw_paths and args.stdin_filename is not None)
+    if "-" in raw_paths and not use_stdin:
+        raise UsageError("`-` (standard input) cannot be combined with other paths")
+    paths = [Path(p) for p in raw_paths] or [Path(".")]
+    if not use_stdin:
+        for path in paths:
+            if not path.exists():
+                raise UsageError(f"{path}: no such file or folder")
+    anchor = (args.stdin_filename or Path(".")) if use_stdin else paths[0]
+    settings = _settings(args, anchor)
 
     entries = catalog()
     enabled = settings.enabled_codes(
         (code, info.default_enabled) for code, info in entries.items() if info.kind != "runtime"
     )
     options = RunOptions(
-        enabled=enabled, fix=args.fix, unsafe_fixes=args.unsafe_fixes, diff=args.diff
+        enabled=enabled,
+        fix=args.fix,
+        unsafe_fixes=args.unsafe_fixes,
+        diff=args.diff,
+        target_version=settings.target_version,
     )
-    results = run_check(paths, settings, options)
+    stdin_data = sys.stdin.buffer.read() if use_stdin else None
+    results = run_check(
+        paths,
+        settings,
+        options,
+        jobs=args.jobs,
+        use_cache=not args.no_cache,
+        stdin=stdin_data,
+        stdin_filename=args.stdin_filename,
+    )
 
-    out = sys.stdout
     if args.diff:
-        for r in results:
-            if r.original is not None and r.source is not None:
-                out.writelines(
-                    difflib.unified_diff(
-                        r.original.splitlines(keepends=True),
-                        r.source.splitlines(keepends=True),
-                        fromfile=f"a/{r.display_path}",
-                        tofile=f"b/{r.display_path}",
-                    )
-                )
-        return 1 if any(r.original is not None for r in results) else 0
-    if args.statistics:
-        report.write_statistics(results, out)
-    else:
-        report.FORMATS[args.format](results, out)
-        if args.format == "text":
-            report.write_summary(results, out, fix_mode=args.fix)
+        changed = [r for r in results if r.original is not None and r.source is not None]
+        with _output(args) as out:
+            for r in changed:
+                out.writelines(_diff_lines(r))
+        return 1 if changed else 0
+    out_stream = sys.stdout
+    if use_stdin and args.fix:
+        # Like ruff: the fixed code goes to stdout, the report to stderr.
+        assert stdin_data is not None
+        if results and results[0].source is not None and results[0].notebook is None:
+            fixed = results[0].source if results[0].original is not None else None
+            sys.stdout.write(fixed if fixed is not None else stdin_data.decode("utf-8", "replace"))
+        elif results and results[0].notebook is not None and results[0].original is not None:
+            sys.stdout.write(write_notebook(results[0].notebook, results[0].source or ""))
+        else:
+            sys.stdout.write(stdin_data.decode("utf-8", "replace"))
+        sys.stdout.flush()
+        out_stream = sys.stderr
+    with _output(args, out_stream) as out:
+        if args.statistics:
+            report.write_statistics(results, out)
+        else:
+            report.FORMATS[args.format](results, out)
+            if args.format == "text":
+                report.write_summary(results, out, fix_mode=args.fix)
     found = any(r.findings for r in results)
     return 1 if found and not args.exit_zero else 0
+
+
+@contextlib.contextmanager
+def _output(args: argparse.Namespace, default: TextIO | None = None) -> Iterator[TextIO]:
+    """The report stream: --output-file (written whole at the end) or stdout."""
+    if args.output_file is None:
+        yield default or sys.stdout
+        return
+    buffer = io.StringIO()
+    yield buffer
+    try:
+        args.output_file.write_text(buffer.getvalue(), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--output-file {args.output_file}: {exc.strerror or exc}") from None
+
+
+def _diff_lines(result: FileResult) -> list[str]:
+    assert result.original is not None and result.source is not None
+    if result.notebook is not None:
+        return cell_diffs(result.notebook, result.source, result.display_path)
+    return list(
+        difflib.unified_diff(
+            result.original.splitlines(keepends=True),
+            result.source.splitlines(keepends=True),
+            fromfile=f"a/{result.display_path}",
+            tofile=f"b/{result.display_path}",
+        )
+    )
 
 
 def run_rules_command(args: argparse.Namespace) -> int:

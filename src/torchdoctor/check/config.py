@@ -45,6 +45,8 @@ KNOWN_KEYS = frozenset(
         "extend-exclude",
         "per-file-ignores",
         "target-version",
+        "respect-gitignore",
+        "force-exclude",
     }
 )
 
@@ -58,6 +60,8 @@ class Settings:
     exclude: list[str] = field(default_factory=lambda: list(DEFAULT_EXCLUDE))
     extend_exclude: list[str] = field(default_factory=list)
     target_version: tuple[int, int] | None = None  # the torch version the code targets
+    respect_gitignore: bool = True  # skip what git ignores while walking folders
+    force_exclude: bool = False  # apply excludes to files named on the command line too
     root: Path = field(default_factory=Path.cwd)  # folder of the config file
     config_file: Path | None = None
 
@@ -83,14 +87,38 @@ class Settings:
                 out.extend(codes)
         return out
 
-    def is_excluded(self, path: Path) -> bool:
+    def excluded_entry(self, path: Path) -> bool:
+        """Whether an exclude glob matches this one file or folder found while walking.
+
+        A glob with a `/` matches the path relative to the config root
+        (`tests/fixtures`, `src/*_pb2.py`); a glob without one matches the entry's name
+        (`build`, `*.pyi`). Only entries below a folder the user named are tested, so
+        `torchdoctor check .venv/lib/python3.11/site-packages/torch` checks that tree.
+        """
         rel = _relative(path, self.root)
-        parts = rel.split("/")
+        name = path.name
         for pattern in (*self.exclude, *self.extend_exclude):
-            pattern = pattern.rstrip("/")
-            if _glob_match(rel, pattern) or any(fnmatch.fnmatchcase(p, pattern) for p in parts):
+            pattern = pattern.rstrip("/").removeprefix("./")
+            if "/" in pattern:
+                if fnmatch.fnmatchcase(rel, pattern):
+                    return True
+            elif fnmatch.fnmatchcase(name, pattern):
                 return True
         return False
+
+    def is_excluded(self, path: Path) -> bool:
+        """Whether `path` or one of its folders (inside the config root) is excluded.
+
+        Used for files named explicitly under `--force-exclude`.
+        """
+        absolute = path.resolve()
+        root = self.root.resolve()
+        candidates = [absolute]
+        for parent in absolute.parents:
+            if parent == root or root not in parent.parents:
+                break
+            candidates.append(parent)
+        return any(self.excluded_entry(c) for c in candidates)
 
 
 def _matches(code: str, selector: str) -> bool:
@@ -108,7 +136,7 @@ def _glob_match(rel: str, pattern: str) -> bool:
     pattern = pattern.removeprefix("./")
     if fnmatch.fnmatchcase(rel, pattern):
         return True
-    # `tests/fixtures` also excludes everything below it
+    # `tests/fixtures` also matches everything below it
     return rel.startswith(pattern.rstrip("/") + "/")
 
 
@@ -199,6 +227,11 @@ def apply_table(
             )
     if "target-version" in table:
         settings.target_version = parse_torch_version(str(table["target-version"]), where)
+    for key in ("respect-gitignore", "force-exclude"):
+        if key in table:
+            if not isinstance(table[key], bool):
+                raise ConfigError(f"{where}: '{key}' must be true or false")
+            setattr(settings, key.replace("-", "_"), table[key])
 
 
 def parse_torch_version(text: str, where: str = "target-version") -> tuple[int, int]:

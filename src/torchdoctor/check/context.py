@@ -66,11 +66,16 @@ class FileContext:
         source: str,
         tree: ast.Module,
         project: ProjectIndex,
+        *,
+        target_version: tuple[int, int] | None = None,
     ) -> None:
         self.path = path
         self.source = source
         self.tree = tree
         self.project = project
+        # The torch version the checked code targets (`target-version`, `--target-version`),
+        # as (major, minor); None when not configured. Version-dependent rules read it.
+        self.target_version = target_version
         self.imports = collect_imports(tree)
         # Ancestors of the node being visited, outermost first (kept by the engine).
         self.stack: list[ast.AST] = []
@@ -117,6 +122,14 @@ class FileContext:
         node = self.enclosing(ast.ClassDef)
         assert node is None or isinstance(node, ast.ClassDef)
         return node
+
+    def targets_torch_at_least(self, major: int, minor: int) -> bool:
+        """Whether the configured target torch version is known to be >= major.minor.
+
+        False when no target version is configured: a rule that suggests an API only
+        newer torch has should then assume the oldest supported torch may be in use.
+        """
+        return self.target_version is not None and self.target_version >= (major, minor)
 
     def is_module_class(self, cls: ast.ClassDef) -> bool:
         """Whether `cls` subclasses torch.nn.Module (through this file or the project)."""

@@ -4,21 +4,34 @@ from __future__ import annotations
 
 import ast
 import io
-import os
 import re
 import sys
 import tokenize
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchdoctor.check.config import Settings
 from torchdoctor.check.context import FileContext
+from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
 
-SOURCE_SUFFIXES = (".py", ".pyi", ".ipynb")
+if TYPE_CHECKING:
+    from torchdoctor.check.notebook import Notebook
+
+__all__ = [
+    "SOURCE_SUFFIXES",
+    "FileResult",
+    "RunOptions",
+    "check_source",
+    "check_text",
+    "decode_source",
+    "discover",
+    "rules_for",
+]
 
 # `# noqa`, `# noqa: TD101, TD204` (flake8 style; codes of other tools are ignored)
 _NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
@@ -27,6 +40,7 @@ _FILE_NOQA = re.compile(
     re.I | re.M,
 )
 _CODE = re.compile(r"[A-Z]+[0-9]+", re.I)
+_NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass
@@ -40,6 +54,13 @@ class FileResult:
     fixed: int = 0  # fixes applied by --fix
     # For notebooks: virtual line (1-based) -> (cell number, line in cell), both 1-based.
     cell_lines: list[tuple[int, int]] | None = None
+    notebook: Notebook | None = None  # the parsed notebook, for write-back and diffs
+
+    def cell_of(self, line: int) -> int | None:
+        """The notebook cell (1-based) holding virtual `line`, or None for a .py file."""
+        if self.cell_lines and 0 < line <= len(self.cell_lines):
+            return self.cell_lines[line - 1][0]
+        return None
 
     @property
     def display_path(self) -> str:
@@ -87,15 +108,22 @@ def check_source(
     path: str,
     rules: Sequence[type[Rule]],
     project: ProjectIndex | None = None,
+    *,
+    target_version: tuple[int, int] | None = None,
+    tree: ast.Module | None = None,
 ) -> list[Finding]:
-    """Run `rules` on one source text; never raises for bad input or a broken rule."""
+    """Run `rules` on one source text; never raises for bad input or a broken rule.
+
+    `tree` may be passed when the caller already parsed `source` (the flake8 plugin).
+    """
     if _FILE_NOQA.search(source):
         file_noqa = _file_noqa_codes(source)
         if file_noqa is None:
             return []
         rules = [r for r in rules if r.code not in file_noqa]
     try:
-        tree = ast.parse(source, filename=path)
+        if tree is None:
+            tree = ast.parse(source, filename=path)
     except SyntaxError as exc:
         return [
             syntax_error_finding(
@@ -107,7 +135,7 @@ def check_source(
     except (ValueError, MemoryError, RecursionError) as exc:
         return [syntax_error_finding(f"cannot parse: {exc}; the file was not checked")]
     project = project if project is not None else ProjectIndex.build([source])
-    ctx = FileContext(path, source, tree, project)
+    ctx = FileContext(path, source, tree, project, target_version=target_version)
     active = [
         cls(ctx) for cls in rules if not cls.triggers or any(t in source for t in cls.triggers)
     ]
@@ -232,27 +260,7 @@ def _order(f: Finding) -> tuple[int, int, str]:
     return (f.line, f.column, f.code)
 
 
-# -- discovery ------------------------------------------------------------------------
-def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
-    """Files to check: explicit files always; folders walked, honouring excludes."""
-    seen: set[Path] = set()
-    for path in paths:
-        if path.is_file():
-            if path not in seen:
-                seen.add(path)
-                yield path
-            continue
-        for folder, dirnames, filenames in os.walk(path):
-            here = Path(folder)
-            dirnames[:] = sorted(d for d in dirnames if not settings.is_excluded(here / d))
-            for name in sorted(filenames):
-                if name.endswith(SOURCE_SUFFIXES):
-                    file = here / name
-                    if file not in seen and not settings.is_excluded(file):
-                        seen.add(file)
-                        yield file
-
-
+# -- reading files ---------------------------------------------------------------------
 def iter_sources(files: Iterable[Path]) -> Iterator[tuple[Path, str | None, Finding | None]]:
     """(path, text, None) or (path, None, TD001 finding) for each file."""
     for file in files:
@@ -277,6 +285,7 @@ class RunOptions:
     fix: bool = False
     unsafe_fixes: bool = False
     diff: bool = False  # compute fixes but do not write them
+    target_version: tuple[int, int] | None = None  # FileContext.target_version
 
 
 def check_text(
@@ -292,19 +301,27 @@ def check_text(
     """
     from torchdoctor.check.fix import apply_edits
 
-    findings = check_source(source, path, rules, project)
+    version = options.target_version
+    findings = check_source(source, path, rules, project, target_version=version)
     if not (options.fix or options.diff):
         return findings, source, 0
+    newline = first_newline(source)
     text = source
     total = 0
     for _ in range(MAX_FIX_PASSES):
-        new_text, applied = apply_edits(text, findings, options.unsafe_fixes)
+        new_text, applied = apply_edits(text, findings, options.unsafe_fixes, newline=newline)
         if not applied:
             break
         text = new_text
         total += applied
-        findings = check_source(text, path, rules, project)
+        findings = check_source(text, path, rules, project, target_version=version)
     return findings, text, total
+
+
+def first_newline(source: str) -> str:
+    """The file's line ending, judged by its first line (as ruff does); `\n` if none."""
+    match = _NEWLINE.search(source)
+    return match.group() if match else "\n"
 
 
 def rules_for(path: Path, settings: Settings, options: RunOptions) -> list[type[Rule]]:

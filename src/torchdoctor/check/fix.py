@@ -17,11 +17,14 @@ def fixable(finding: Finding, unsafe: bool) -> bool:
     return finding.fix.applicability is FixAvailability.SAFE or unsafe
 
 
-def apply_edits(source: str, findings: Iterable[Finding], unsafe: bool) -> tuple[str, int]:
+def apply_edits(
+    source: str, findings: Iterable[Finding], unsafe: bool, *, newline: str = "\n"
+) -> tuple[str, int]:
     """Apply the non-overlapping fixes of `findings`; return (new source, fixes applied).
 
     A fix is all-or-nothing: if any of its edits overlaps an edit already taken, the
     whole fix waits for the next pass (the engine re-checks and re-fixes until stable).
+    Line breaks in inserted text take the file's own `newline` (CRLF files stay CRLF).
     """
     taken: list[Edit] = []
     applied = 0
@@ -38,7 +41,10 @@ def apply_edits(source: str, findings: Iterable[Finding], unsafe: bool) -> tuple
         return source, 0
     out = source
     for edit in sorted(taken, key=lambda e: (e.start, e.end), reverse=True):
-        out = out[: edit.start] + edit.content + out[edit.end :]
+        content = edit.content
+        if newline != "\n" and "\n" in content:
+            content = content.replace("\r\n", "\n").replace("\n", newline)
+        out = out[: edit.start] + content + out[edit.end :]
     return out, applied
 
 

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from torchdoctor.catalog import catalog
 from torchdoctor.check.engine import FileResult
+from torchdoctor.check.formats import write_github, write_sarif
 from torchdoctor.check.rule import Finding
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
@@ -33,15 +34,24 @@ class _Style:
         return f"\x1b[{code}m{text}\x1b[0m" if self.on else text
 
 
-def finding_dict(path: str, f: Finding, source: str | None = None) -> dict[str, Any]:
-    """The JSON shape of one finding (1-based lines and columns)."""
+def finding_dict(
+    path: str, f: Finding, source: str | None = None, result: FileResult | None = None
+) -> dict[str, Any]:
+    """The JSON shape of one finding (1-based lines and columns).
+
+    In a notebook, `cell` is the cell number and lines count within that cell.
+    """
     info = catalog().get(f.code)
+
+    def line_of(virtual: int) -> int:
+        return result.display_line(virtual) if result is not None else virtual
+
     fix: dict[str, Any] | None = None
     if f.fix is not None:
         fix = {
             "applicability": f.fix.applicability.value,
             "message": f.fix.message,
-            "edits": [_edit_dict(e.start, e.end, e.content, source) for e in f.fix.edits],
+            "edits": [_edit_dict(e.start, e.end, e.content, source, line_of) for e in f.fix.edits],
         }
     return {
         "code": f.code,
@@ -49,9 +59,10 @@ def finding_dict(path: str, f: Finding, source: str | None = None) -> dict[str, 
         "severity": (info.severity.value if info else "error"),
         "message": f.message,
         "filename": path,
-        "line": f.line,
+        "cell": result.cell_of(f.line) if result is not None else None,
+        "line": line_of(f.line),
         "column": f.column,
-        "end_line": f.end_line,
+        "end_line": line_of(f.end_line),
         "end_column": f.end_column,
         "fix": fix,
         "hint": f.hint,
@@ -59,24 +70,27 @@ def finding_dict(path: str, f: Finding, source: str | None = None) -> dict[str, 
     }
 
 
-def _edit_dict(start: int, end: int, content: str, source: str | None) -> dict[str, Any]:
+def _edit_dict(
+    start: int, end: int, content: str, source: str | None, line_of: Callable[[int], int]
+) -> dict[str, Any]:
     out: dict[str, Any] = {"content": content}
     if source is not None:
-        out["location"] = _row_col(source, start)
-        out["end_location"] = _row_col(source, end)
+        for key, offset in (("location", start), ("end_location", end)):
+            row, col = _row_col(source, offset)
+            out[key] = {"row": line_of(row), "column": col}
     return out
 
 
-def _row_col(source: str, offset: int) -> dict[str, int]:
+def _row_col(source: str, offset: int) -> tuple[int, int]:
     before = source[:offset]
     breaks = list(_NEWLINE.finditer(before))
     row = len(breaks) + 1
     col = offset - (breaks[-1].end() if breaks else 0) + 1
-    return {"row": row, "column": col}
+    return row, col
 
 
 def write_json(results: Sequence[FileResult], out: TextIO) -> None:
-    items = [finding_dict(r.display_path, f, r.source) for r in results for f in r.findings]
+    items = [finding_dict(r.display_path, f, r.source, r) for r in results for f in r.findings]
     json.dump(items, out, indent=2)
     out.write("\n")
 
@@ -160,6 +174,8 @@ FORMATS: dict[str, Writer] = {
     "text": write_text,
     "concise": write_concise,
     "json": write_json,
+    "sarif": write_sarif,
+    "github": write_github,
 }
 
 

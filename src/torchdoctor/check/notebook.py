@@ -1,0 +1,184 @@
+"""Jupyter notebooks as one virtual Python module, and back.
+
+The code cells are joined into one module that rules check like any file.
+IPython syntax that is not Python (`%magic`, `!shell`, `obj?`, whole `%%` cell
+magics) is blanked line by line so every line keeps its number; a comment line
+marks where one cell ends and the next begins, so that after `--fix` the new
+code of each cell can be split out again and written back into the notebook
+JSON with everything else (metadata, outputs, other cells) untouched.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchdoctor.errors import TorchDoctorError
+
+# Ends every cell in the virtual module (a comment: it changes nothing for Python).
+CELL_BREAK = "# %% torchdoctor cell break"
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+# IPython-only lines: `%time x`, `!pip install`, `?obj`, `obj?`, `files = !ls`, `x = %env`.
+_MAGIC = re.compile(
+    r"^\s*(?:[%!?]|[\w.]+\?{1,2}\s*$|[\w.,\s]+=\s*[%!]\w)",
+)
+_INDENT = re.compile(r"^[ \t]*")
+
+
+class NotebookError(TorchDoctorError):
+    """A file ending in .ipynb that is not a readable notebook."""
+
+
+@dataclass
+class Cell:
+    index: int  # position in the notebook's "cells" list (0-based)
+    code: str  # the cell's source as one string
+    lines: list[str]  # the cell's lines as they appear in the virtual module
+    magic_lines: dict[int, str] = field(default_factory=dict)  # line index -> original text
+
+
+@dataclass
+class Notebook:
+    data: dict[str, Any]  # the parsed JSON, written back with only cell sources changed
+    cells: list[Cell]  # the code cells
+    source: str  # the virtual module
+    cell_lines: list[tuple[int, int]]  # virtual line -> (cell number, line in cell), 1-based
+    indent: int | None  # the JSON layout to write back with
+    ensure_ascii: bool
+    final_newline: bool
+
+
+def read_notebook(text: str) -> Notebook:
+    """Parse notebook JSON into its virtual module; NotebookError if it is not one."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise NotebookError(f"not valid notebook JSON: {exc}") from None
+    raw_cells = data.get("cells") if isinstance(data, dict) else None
+    if not isinstance(raw_cells, list):
+        raise NotebookError("not a Jupyter notebook: no 'cells' list")
+
+    cells: list[Cell] = []
+    virtual: list[str] = []
+    cell_lines: list[tuple[int, int]] = []
+    for index, raw in enumerate(raw_cells):
+        if not isinstance(raw, dict) or raw.get("cell_type") != "code":
+            continue
+        code = _join_source(raw.get("source", ""))
+        if code is None:
+            raise NotebookError(f"cell {index + 1}: 'source' is neither text nor a list of lines")
+        cell = Cell(index, code, _NEWLINE.split(code) if code else [])
+        _blank_ipython(cell)
+        cells.append(cell)
+        virtual.extend(cell.lines)
+        cell_lines.extend((index + 1, n) for n in range(1, len(cell.lines) + 1))
+        virtual.append(CELL_BREAK)
+        cell_lines.append((index + 1, len(cell.lines) + 1))
+
+    match = re.match(r"\{\s*?\n([ \t]*)\S", text)
+    return Notebook(
+        data=data,
+        cells=cells,
+        source="\n".join(virtual) + ("\n" if virtual else ""),
+        cell_lines=cell_lines,
+        indent=len(match.group(1)) if match else None,
+        ensure_ascii=text.isascii() and "\\u" in text,
+        final_newline=text.endswith("\n"),
+    )
+
+
+def _join_source(source: object) -> str | None:
+    if isinstance(source, str):
+        return source
+    if isinstance(source, list) and all(isinstance(s, str) for s in source):
+        return "".join(source)
+    return None
+
+
+def _blank_ipython(cell: Cell) -> None:
+    """Replace IPython-only lines by `pass` (same indent) so the cell parses as Python."""
+    lines = cell.lines
+    if not lines:
+        return
+    if lines[0].lstrip().startswith("%%"):
+        # A cell magic (%%time, %%bash, %%writefile): the body may not be Python at all.
+        cell.magic_lines = dict(enumerate(lines))
+        cell.lines = [""] * len(lines)
+        return
+    if not any(_MAGIC.match(line) for line in lines):
+        return
+    try:
+        ast.parse(cell.code)
+        return  # valid Python already: a line such as `% b` continues an expression
+    except (SyntaxError, ValueError):
+        pass
+    for i, line in enumerate(lines):
+        if _MAGIC.match(line):
+            cell.magic_lines[i] = line
+            lines[i] = _INDENT.match(line).group() + "pass"  # type: ignore[union-attr]
+
+
+def cell_codes(notebook: Notebook, virtual: str) -> list[str]:
+    """Each code cell's code in a (fixed) virtual module, IPython lines restored."""
+    lines = _NEWLINE.split(virtual)
+    chunks: list[list[str]] = [[]]
+    for line in lines:
+        if line == CELL_BREAK:
+            chunks.append([])
+        else:
+            chunks[-1].append(line)
+    chunks = chunks[: len(notebook.cells)]
+    if len(chunks) != len(notebook.cells):
+        raise NotebookError("a fix removed a cell boundary; the notebook was not changed")
+    out = []
+    for cell, new_lines in zip(notebook.cells, chunks, strict=True):
+        if new_lines == cell.lines:
+            out.append(cell.code)
+            continue
+        restored = list(new_lines)
+        if cell.magic_lines:
+            # Map unchanged lines of the new code back to the old ones to restore magics.
+            matcher = difflib.SequenceMatcher(None, cell.lines, new_lines, autojunk=False)
+            for old_start, new_start, size in matcher.get_matching_blocks():
+                for k in range(size):
+                    original = cell.magic_lines.get(old_start + k)
+                    if original is not None:
+                        restored[new_start + k] = original
+        out.append("\n".join(restored))
+    return out
+
+
+def write_notebook(notebook: Notebook, virtual: str) -> str:
+    """The notebook JSON with the code cells of `virtual`; everything else unchanged."""
+    cells = notebook.data["cells"]
+    for cell, code in zip(notebook.cells, cell_codes(notebook, virtual), strict=True):
+        if code == cell.code:
+            continue
+        raw = cells[cell.index]
+        if isinstance(raw.get("source"), list):
+            raw["source"] = code.splitlines(keepends=True)
+        else:
+            raw["source"] = code
+    text = json.dumps(notebook.data, indent=notebook.indent, ensure_ascii=notebook.ensure_ascii)
+    return text + "\n" if notebook.final_newline else text
+
+
+def cell_diffs(notebook: Notebook, virtual: str, path: str) -> list[str]:
+    """Unified diff lines, one hunk set per changed cell."""
+    out: list[str] = []
+    for cell, code in zip(notebook.cells, cell_codes(notebook, virtual), strict=True):
+        if code == cell.code:
+            continue
+        out.extend(
+            difflib.unified_diff(
+                (cell.code + "\n").splitlines(keepends=True),
+                (code + "\n").splitlines(keepends=True),
+                fromfile=f"a/{path}:cell {cell.index + 1}",
+                tofile=f"b/{path}:cell {cell.index + 1}",
+            )
+        )
+    return out
