@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "torchdoctor.check.commands",
     "torchdoctor.runtime.env_cli",
     "torchdoctor.explain.cli",
+    "torchdoctor.runtime.run_cli",
 )
 
 EXIT_OK = 0

@@ -1,0 +1,72 @@
+"""`torchdoctor run script.py [args...]` / `torchdoctor run -m module [args...]`.
+
+Adding an option that wraps the program (e.g. a simulated device): add the
+argument in `add_options` and turn it into a context manager in
+`build_contexts`; `run` enters those contexts around the program in order.
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import AbstractContextManager
+from typing import Any
+
+from torchdoctor.errors import UsageError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a script like python, explaining errors and guarding models",
+        description="Run a Python script (or -m module) exactly like `python` would — same "
+        "sys.argv, __main__ and exit code — with the explainer installed (an uncaught "
+        "error prints its traceback, then the explanation) and the guard's checks on for "
+        "the first steps of every model and optimizer.",
+        usage="torchdoctor run [options] (script.py | -m module) [args ...]",
+    )
+    add_options(parser)
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script")
+    parser.add_argument(
+        "program", nargs=argparse.REMAINDER, help="the script and its arguments (or arguments of -m)"
+    )
+    parser.set_defaults(func=run)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The options that change how the program runs."""
+    parser.add_argument(
+        "--no-guard", action="store_true", help="do not install the guard's runtime checks"
+    )
+    parser.add_argument(
+        "--guard-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep the guard's checks on for the first N steps (default 100)",
+    )
+
+
+def build_contexts(args: argparse.Namespace) -> list[AbstractContextManager[Any]]:
+    """Context managers to enter around the program, from the options above."""
+    return []
+
+
+def run(args: argparse.Namespace) -> int:
+    from torchdoctor.runtime.run import run_module, run_script
+
+    if args.guard_steps is not None and args.guard_steps < 1:
+        raise UsageError(f"--guard-steps must be at least 1, not {args.guard_steps}")
+    program = list(args.program)
+    if program and program[0] == "--":
+        program = program[1:]
+    options: dict[str, Any] = {
+        "contexts": build_contexts(args),
+        "guard": not args.no_guard,
+        "guard_steps": args.guard_steps,
+    }
+    if args.module:
+        return run_module(args.module, program, **options)
+    if not program:
+        raise UsageError("nothing to run", fix="torchdoctor run script.py [args ...]")
+    return run_script(program[0], program[1:], **options)
