@@ -89,7 +89,7 @@ def save_checkpoint(path: str | os.PathLike[str], **objects: Any) -> Path:
         # State dicts are fresh containers: copying their tensors to the CPU touches
         # nothing of the caller's. Extras are saved as given (map_location covers them).
         payload[name] = state if kind == "extra" else to_device(state, "cpu")
-    payload[META_KEY] = {"format": FORMAT_VERSION, "torch": torch.__version__, "kinds": kinds}
+    payload[META_KEY] = {"format": FORMAT_VERSION, "torch": str(torch.__version__), "kinds": kinds}
     _atomic_save(payload, target)
     return target
 
@@ -258,7 +258,7 @@ def _pick_entry(
             f"the checkpoint holds several {kind}s ({', '.join(candidates)}); "
             "load_checkpoint cannot tell which one you mean",
             fix=f"load it yourself: ckpt = td.load_checkpoint(path); "
-            f"x.load_state_dict(ckpt[{candidates[0]!r}])",
+            f"{'model' if kind == 'module' else kind}.load_state_dict(ckpt[{candidates[0]!r}])",
         )
     return None
 
