@@ -155,7 +155,7 @@ RUNTIME_RULES: tuple[RuleInfo, ...] = (
         Severity.WARNING,
         "runtime",
         """
-        A forward ran under `no_grad`/`inference_mode` while Dropout/BatchNorm were in training mode.
+        A forward ran under `no_grad`/`inference_mode` with Dropout/BatchNorm in training mode.
 
         ## What it does
         The guard checks the first calls of a model: gradients are off (evaluation code) but

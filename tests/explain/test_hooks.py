@@ -6,7 +6,7 @@ import io
 import sys
 import time
 import types
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -48,7 +48,7 @@ def test_diagnose_timing_uses_the_monotonic_clock_without_cuda() -> None:
 
 
 class _FakeEvent:
-    log: list[str] = []
+    log: ClassVar[list[str]] = []
 
     def __init__(self, enable_timing: bool = False) -> None:
         assert enable_timing

@@ -108,37 +108,53 @@ def test_unknown_text_gives_the_checklist_not_a_guess() -> None:
     assert explanation.as_dict()["checklist"] == list(CHECKLIST)
 
 
+SITE = "/opt/venv/lib/python3.11/site-packages/torch/nn/modules"
+
+
 def test_pasted_traceback_uses_the_last_exception_and_the_user_frame() -> None:
-    text = """Traceback (most recent call last):
-  File "/home/me/project/train.py", line 42, in <module>
-    loss = criterion(model(x), y)
-  File "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1518, in _wrapped_call_impl
-    return self._call_impl(*args, **kwargs)
-  File "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/conv.py", line 456, in _conv_forward
-    return F.conv2d(input, weight, bias, self.stride,
-           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
-RuntimeError: Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) should be the same
-"""
+    text = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "/home/me/project/train.py", line 42, in <module>',
+            "    loss = criterion(model(x), y)",
+            f'  File "{SITE}/module.py", line 1518, in _wrapped_call_impl',
+            "    return self._call_impl(*args, **kwargs)",
+            f'  File "{SITE}/conv.py", line 456, in _conv_forward',
+            "    return F.conv2d(input, weight, bias, self.stride,",
+            "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+            "RuntimeError: Input type (torch.cuda.HalfTensor) and weight type "
+            "(torch.cuda.FloatTensor) should be the same",
+        ]
+    )
     explanation = explain(text)
     assert explanation.id == "input-weight-dtype"
     assert explanation.frame is not None
-    assert (explanation.frame.filename, explanation.frame.lineno) == ("/home/me/project/train.py", 42)
+    assert (explanation.frame.filename, explanation.frame.lineno) == (
+        "/home/me/project/train.py",
+        42,
+    )
     assert explanation.frame.source == "loss = criterion(model(x), y)"
 
 
 def test_chained_traceback_falls_back_to_the_earlier_exception() -> None:
-    text = """Traceback (most recent call last):
-  File "load.py", line 3, in <module>
-    state = torch.load(path)
-RuntimeError: Attempting to deserialize object on a CUDA device but torch.cuda.is_available() is False. If you are running on a CPU-only machine, please use torch.load with map_location=torch.device('cpu') to map your storages to the CPU.
-
-During handling of the above exception, another exception occurred:
-
-Traceback (most recent call last):
-  File "load.py", line 5, in <module>
-    raise SystemError("could not load the model")
-SystemError: could not load the model
-"""
+    text = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "load.py", line 3, in <module>',
+            "    state = torch.load(path)",
+            "RuntimeError: Attempting to deserialize object on a CUDA device but "
+            "torch.cuda.is_available() is False. If you are running on a CPU-only machine, "
+            "please use torch.load with map_location=torch.device('cpu') to map your storages "
+            "to the CPU.",
+            "",
+            "During handling of the above exception, another exception occurred:",
+            "",
+            "Traceback (most recent call last):",
+            '  File "load.py", line 5, in <module>',
+            '    raise SystemError("could not load the model")',
+            "SystemError: could not load the model",
+        ]
+    )
     explanation = explain(text)
     assert explanation.id == "load-cuda-on-cpu-only"
     assert explanation.code == "TD402"

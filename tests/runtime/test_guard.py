@@ -93,8 +93,13 @@ def test_no_per_module_hooks_and_global_hooks_end_after_n_steps() -> None:
 
 def _cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.2),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Dropout(0.2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
     )
 
 
@@ -150,8 +155,11 @@ def test_td211_eval_under_no_grad_in_training_mode() -> None:
 
 def test_td210_warns_before_the_single_sample_crash() -> None:
     model = Net()
-    with pytest.warns(GuardWarning, match="TD210 `encoder.1`"), pytest.raises(ValueError), \
-            td.guard(model) as guard:
+    with (
+        pytest.warns(GuardWarning, match="TD210 `encoder.1`"),
+        pytest.raises(ValueError),
+        td.guard(model) as guard,
+    ):
         model({"x": torch.randn(1, 3)})
     assert guard.findings[0][0] == "TD210"
     assert "Expected more than 1 value per channel" in guard.findings[0][1]

@@ -36,7 +36,7 @@ def test_argv_main_and_sys_path_like_python(tmp_path: Path) -> None:
     )
     argv_before = sys.argv[:]
     assert run_script(str(path), ["--lr", "0.1"]) == 0
-    seen = eval(out.read_text())  # noqa: S307 - our own repr
+    seen = eval(out.read_text())
     assert seen == ([str(path), "--lr", "0.1"], "__main__", str(tmp_path), 1)
     assert sys.argv == argv_before
     assert active_guards() == []
@@ -44,8 +44,13 @@ def test_argv_main_and_sys_path_like_python(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("statement", "code"),
-    [("pass", 0), ("raise SystemExit(3)", 3), ("raise SystemExit('bye')", 1),
-     ("raise SystemExit(None)", 0), ("raise KeyboardInterrupt", 130)],
+    [
+        ("pass", 0),
+        ("raise SystemExit(3)", 3),
+        ("raise SystemExit('bye')", 1),
+        ("raise SystemExit(None)", 0),
+        ("raise KeyboardInterrupt", 130),
+    ],
 )
 def test_exit_codes(tmp_path: Path, statement: str, code: int) -> None:
     err = io.StringIO()
@@ -119,7 +124,7 @@ def test_run_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     )
     monkeypatch.chdir(tmp_path)
     assert run_module("mymod", ["x"], guard=False) == 5
-    assert eval(out.read_text()) == (["x"], "__main__")  # noqa: S307
+    assert eval(out.read_text()) == (["x"], "__main__")
     with pytest.raises(UsageError):
         run_module("no_such_module_here", [])
 
@@ -141,14 +146,20 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     )
     done = subprocess.run(
         [sys.executable, "-m", "torchdoctor", "run", str(path), "--flag", "v"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 1
     assert "args ['--flag', 'v']" in done.stdout
     assert "Can't call numpy()" in done.stderr and "TD106" in done.stderr
     missing = subprocess.run(
         [sys.executable, "-m", "torchdoctor", "run", str(tmp_path / "nope.py")],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert missing.returncode == 2
     assert missing.stderr.startswith("torchdoctor: error: can't open file")

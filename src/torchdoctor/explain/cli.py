@@ -31,10 +31,7 @@ def register(subparsers: Any) -> None:
 
 
 def _read_text(parts: list[str]) -> str:
-    if parts == ["-"]:
-        text = sys.stdin.read()
-    else:
-        text = " ".join(parts)
+    text = sys.stdin.read() if parts == ["-"] else " ".join(parts)
     if not text.strip():
         raise UsageError("no error text given", fix='torchdoctor explain "RuntimeError: ..."')
     return text

@@ -127,8 +127,10 @@ class Explanation:
                 lines.append(f"  {number}. {cause.text}{codes}")
                 if cause.tell:
                     lines += textwrap.wrap(
-                        f"How to tell: {cause.tell}", 84, initial_indent="     ",
-                        subsequent_indent="     "
+                        f"How to tell: {cause.tell}",
+                        84,
+                        initial_indent="     ",
+                        subsequent_indent="     ",
                     )
         if self.fixes:
             lines += ["", "Fix:"]

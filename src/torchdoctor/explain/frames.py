@@ -22,7 +22,9 @@ from typing import Any
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 # The frame line IPython prints: "File /path/x.py:12, in f(x)" or "Cell In[3], line 4"
 _IPY_FRAME_LINE = re.compile(r"^\s*(?:File (?P<file>\S+?):(?P<line>\d+)|Cell In\[\d+\], line \d+)")
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b")
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b"
+)
 _CHAIN_MARKERS = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
@@ -81,9 +83,7 @@ def split_traceback(text: str) -> tuple[list[str], list[FrameInfo]]:
             found = _FRAME_LINE.match(line)
             if found:
                 source = lines[index + 1].strip() if index + 1 < len(lines) else ""
-                frames.append(
-                    FrameInfo(found["file"], int(found["line"]), found["func"], source)
-                )
+                frames.append(FrameInfo(found["file"], int(found["line"]), found["func"], source))
                 last_frame = index
             elif _IPY_FRAME_LINE.match(line):
                 last_frame = index
@@ -226,7 +226,7 @@ def _module_path(root: Any, module: Any) -> str:
         return type(root).__name__
     for name, sub in root.named_modules():
         if sub is module:
-            return name
+            return str(name)
     return type(module).__name__
 
 
@@ -236,9 +236,13 @@ def _plain_containers(root: Any) -> list[tuple[str, Any]]:
     found = []
     for prefix, module in root.named_modules():
         for attr, value in vars(module).items():
-            items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(
-                value, (list, tuple)
-            ) else ()
+            items = (
+                value.items()
+                if isinstance(value, dict)
+                else enumerate(value)
+                if isinstance(value, (list, tuple))
+                else ()
+            )
             for key, item in items:
                 if isinstance(item, torch.nn.Module):
                     name = f"{prefix}.{attr}" if prefix else attr
@@ -298,9 +302,7 @@ def inspect_live(exc: BaseException, root: Any = None, topic: str = "") -> LiveF
                 for leaf_path, tensor in _leaves(value, name):
                     add("local", leaf_path, tensor)
     # Tensors named in the innermost user frame (e.g. a bare `torch.mm(a, b)`).
-    user = next(
-        (f for f in reversed(frames) if not is_library_file(f.f_code.co_filename)), None
-    )
+    user = next((f for f in reversed(frames) if not is_library_file(f.f_code.co_filename)), None)
     if user is not None and (not module_frames or user is not module_frames[-1]):
         for name, value in user.f_locals.items():
             if name != "self":
@@ -347,8 +349,9 @@ def _blame_device(findings: LiveFindings, root: Any, failing: Any) -> None:
         else:
             note, code = f"the rest of the model is on {reference}", "TD120"
         culprits.append(
-            Culprit(operand.role, operand.name, operand.device, operand.dtype, operand.shape,
-                    note, code)
+            Culprit(
+                operand.role, operand.name, operand.device, operand.dtype, operand.shape, note, code
+            )
         )
     if root is not None:
         for name, module in _plain_containers(root):
@@ -356,14 +359,21 @@ def _blame_device(findings: LiveFindings, root: Any, failing: Any) -> None:
             inside = failing is not None and any(m is failing for m in module.modules())
             if params and str(params[0].device) != reference and (inside or not culprits):
                 culprits.append(
-                    Culprit("module", name, str(params[0].device), note=(
-                        "held in a plain list/dict: not registered, so model.to() skipped it"
-                    ), code="TD105")
+                    Culprit(
+                        "module",
+                        name,
+                        str(params[0].device),
+                        note=(
+                            "held in a plain list/dict: not registered, so model.to() skipped it"
+                        ),
+                        code="TD105",
+                    )
                 )
                 # a parameter of it that was blamed as TD120 is really TD105
                 culprits = [
-                    c if c.code != "TD120" else Culprit(
-                        c.role, c.name, c.device, c.dtype, c.shape, c.note, "TD105")
+                    c
+                    if c.code != "TD120"
+                    else Culprit(c.role, c.name, c.device, c.dtype, c.shape, c.note, "TD105")
                     for c in culprits
                 ]
     if not culprits and findings.module_path:

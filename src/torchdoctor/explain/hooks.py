@@ -59,7 +59,7 @@ class Diagnosis:
 
 
 class _Timer:
-    """Elapsed time of a block: CUDA events on CUDA (GPU work is asynchronous), else perf_counter."""
+    """A block's elapsed time: CUDA events on CUDA (GPU work is asynchronous), else perf_counter."""
 
     def __init__(self, use_cuda: bool) -> None:
         self.torch: Any = sys.modules.get("torch") if use_cuda else None
@@ -89,7 +89,7 @@ def _cuda_in_use() -> bool:
     torch = sys.modules.get("torch")
     try:
         return bool(torch is not None and torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - a broken CUDA setup must not break the user's block
+    except Exception:
         return False
 
 
@@ -136,7 +136,7 @@ def _excepthook(
     (_previous_hook or sys.__excepthook__)(exc_type, exc, tb)
     try:
         report(exc)
-    except Exception as error:  # noqa: BLE001 - the original traceback is already out
+    except Exception as error:
         print(f"torchdoctor: could not explain this error ({error})", file=sys.stderr)
 
 

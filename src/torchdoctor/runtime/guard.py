@@ -20,6 +20,7 @@ a result: the hooks only read.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 import warnings
@@ -76,8 +77,10 @@ def _device_error(exc: BaseException, explanation: Explanation) -> DeviceMismatc
     if params and not any(c.role in ("parameter", "buffer") for c in explanation.culprits):
         lines += [f"  {param}" for param in params[:4]]
     if explanation.frame:
-        lines.append(f"  at {explanation.frame.filename}:{explanation.frame.lineno}: "
-                     f"{explanation.frame.source}")
+        lines.append(
+            f"  at {explanation.frame.filename}:{explanation.frame.lineno}: "
+            f"{explanation.frame.source}"
+        )
     if explanation.causes:
         codes = ", ".join(explanation.causes[0].codes)
         lines.append(f"  likely: {explanation.causes[0].text}" + (f" [{codes}]" if codes else ""))
@@ -97,14 +100,12 @@ def attribute(exc: BaseException, model: Any = None) -> BaseException:
         return exc
     try:
         explanation = explain(exc, model=model)
-    except Exception:  # noqa: BLE001 - never hide the user's error behind ours
+    except Exception:
         return exc
     if explanation.topic == "device":
         return _device_error(exc, explanation)
-    try:
+    with contextlib.suppress(AttributeError):
         exc.explanation = explanation  # type: ignore[attr-defined]
-    except AttributeError:
-        pass
     return exc
 
 
@@ -197,7 +198,7 @@ class _Checks:
         checks = self
 
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            node = tensor.grad_fn
+            node: Any = tensor.grad_fn
             if node is not None:
                 sentinel = _Sentinel()
                 node.metadata["torchdoctor"] = sentinel
@@ -217,10 +218,10 @@ class _Checks:
         if not self.zeroed:
             for param_ref, grad_ref, version in self.grads.get(id(optimizer), ()):
                 param, grad = param_ref(), grad_ref()
-                if param is not None and grad is not None and param.grad is grad:
-                    if grad._version != version:
-                        accumulated = True
-                        break
+                alive = param is not None and grad is not None and param.grad is grad
+                if alive and grad._version != version:
+                    accumulated = True
+                    break
         kept = [index for index, ref in self.loss_graphs if index <= self.step_index - 2 and ref()]
         for guard in list(self.guards):
             guard._on_step(optimizer, accumulated, bool(kept))
@@ -234,8 +235,9 @@ class _Checks:
         for group in optimizer.param_groups:
             for param in group["params"]:
                 if param.grad is not None:
-                    records.append((weakref.ref(param), weakref.ref(param.grad),
-                                    param.grad._version))
+                    records.append(
+                        (weakref.ref(param), weakref.ref(param.grad), param.grad._version)
+                    )
         self.grads[id(optimizer)] = records
         for guard in list(self.guards):
             guard._after_step()
@@ -335,16 +337,19 @@ class Guard:
             if self._module_calls > self.steps * 1000:
                 self._stop()
                 return
-        if isinstance(module, (_DropoutNd, _BatchNorm)) and module.training:
-            if not torch.is_grad_enabled():
-                self._report(
-                    "TD211",
-                    "mode",
-                    f"`{self._name(module)}` ({type(module).__name__}) ran in training mode "
-                    "under torch.no_grad()/inference_mode(): evaluation without model.eval() "
-                    "— dropout stays on and BatchNorm uses (and updates) batch statistics. "
-                    "Call model.eval() before evaluating and model.train() after.",
-                )
+        if (
+            isinstance(module, (_DropoutNd, _BatchNorm))
+            and module.training
+            and not torch.is_grad_enabled()
+        ):
+            self._report(
+                "TD211",
+                "mode",
+                f"`{self._name(module)}` ({type(module).__name__}) ran in training mode "
+                "under torch.no_grad()/inference_mode(): evaluation without model.eval() "
+                "— dropout stays on and BatchNorm uses (and updates) batch statistics. "
+                "Call model.eval() before evaluating and model.train() after.",
+            )
         if isinstance(module, _BatchNorm) and module.training and args:
             batch = args[0]
             if isinstance(batch, torch.Tensor) and batch.dim() >= 2:
@@ -455,4 +460,3 @@ def guard(
 def active_guards() -> list[Guard]:
     """The guards whose checks are still running (for tests and `torchdoctor run`)."""
     return list(_CHECKS.guards)
-

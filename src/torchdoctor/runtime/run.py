@@ -9,6 +9,7 @@ context managers in `contexts`, entered in order around the program.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
@@ -38,8 +39,10 @@ def _exit_code(exc: SystemExit, stderr: TextIO) -> int:
 def _print_traceback(exc: BaseException, stderr: TextIO) -> None:
     """The traceback `python` would print: starting at the program's own frames."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None and is_library_file(
-        tb.tb_frame.f_code.co_filename
+    while (
+        tb is not None
+        and tb.tb_next is not None
+        and is_library_file(tb.tb_frame.f_code.co_filename)
     ):
         tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb, file=stderr)
@@ -73,19 +76,17 @@ def _execute(
         except KeyboardInterrupt:
             _print_traceback(KeyboardInterrupt(), err)
             return EXIT_INTERRUPTED
-        except BaseException as exc:  # noqa: BLE001 - the program's error, shown like python
+        except BaseException as exc:
             _print_traceback(exc, err)
             try:
                 report(exc, file=err)
-            except Exception as error:  # noqa: BLE001 - the traceback is already out
+            except Exception as error:
                 print(f"torchdoctor: could not explain this error ({error})", file=err)
             return 1
         finally:
             for stream in (sys.stdout, sys.stderr):
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     stream.flush()
-                except (OSError, ValueError):
-                    pass
     return 0
 
 
@@ -128,8 +129,7 @@ def run_script(
         with _ProgramState([path, *argv], directory):
             runpy.run_path(path, run_name="__main__")
 
-    return _execute(target, contexts=contexts, guard=guard, guard_steps=guard_steps,
-                    stderr=stderr)
+    return _execute(target, contexts=contexts, guard=guard, guard_steps=guard_steps, stderr=stderr)
 
 
 def run_module(
@@ -159,5 +159,4 @@ def run_module(
         with _ProgramState([name, *argv], os.getcwd()):
             runpy.run_module(name, run_name="__main__", alter_sys=True)
 
-    return _execute(target, contexts=contexts, guard=guard, guard_steps=guard_steps,
-                    stderr=stderr)
+    return _execute(target, contexts=contexts, guard=guard, guard_steps=guard_steps, stderr=stderr)

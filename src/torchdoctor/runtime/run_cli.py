@@ -28,7 +28,9 @@ def register(subparsers: Any) -> None:
     add_options(parser)
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script")
     parser.add_argument(
-        "program", nargs=argparse.REMAINDER, help="the script and its arguments (or arguments of -m)"
+        "program",
+        nargs=argparse.REMAINDER,
+        help="the script and its arguments (or arguments of -m)",
     )
     parser.set_defaults(func=run)
 
