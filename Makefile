@@ -14,7 +14,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH) 2>&1 | grep -v "is ignored: it is neither" || true
-	$(PIP) -e '.[dev,runtime]' $(TORCH) 2>&1 | grep -v "is ignored: it is neither" || true
+	$(PIP) -e '.[dev,runtime,docs]' $(TORCH) 2>&1 | grep -v "is ignored: it is neither" || true
 	$(BIN)/python -c "import torch, torchdoctor, pytest" 
 	touch $@
 
@@ -32,6 +32,11 @@ test: lint
 
 bench: venv
 	$(BIN)/python benchmarks/run_all.py
+
+# The documentation site (mkdocs + Material) into site/; pages for rules, the API and the
+# explain catalogue are generated from the code by docs/gen_pages.py on every build.
+docs: venv
+	$(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .torchdoctor_cache .pytest_cache .mypy_cache .ruff_cache
