@@ -1,0 +1,164 @@
+"""The dispatch mode that applies CUDA's device rules to every ATen call.
+
+Every op runs for real on the CPU. The mode only reads the virtual device of
+each tensor operand (one attribute lookup on its storage), takes a fast path
+when they all agree, and otherwise asks `rules.check` what CUDA would do.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchdoctor.runtime.sim import rules
+from torchdoctor.runtime.sim.devices import TAG, WILD, set_tag, tag_of
+
+if TYPE_CHECKING:
+    from torchdoctor.runtime.sim.session import Simulation
+
+Tensor = torch.Tensor
+_UNSET: Any = object()
+
+
+class SimulatedError(Exception):
+    """Mixin of the errors the simulation raises in PyTorch's name."""
+
+
+def _tag_outputs(out: Any, dev: Any) -> None:
+    try:
+        if isinstance(out, Tensor):
+            storage = out.untyped_storage()
+            if getattr(storage, TAG, None) is not dev:
+                setattr(storage, TAG, dev)
+        elif out.__class__ is tuple or out.__class__ is list:
+            for item in out:
+                if isinstance(item, Tensor):
+                    storage = item.untyped_storage()
+                    if getattr(storage, TAG, None) is not dev:
+                        setattr(storage, TAG, dev)
+    except (RuntimeError, NotImplementedError, TypeError):
+        pass  # outputs without a storage (sparse, nested): not tracked
+
+
+class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
+    """Tags outputs with their virtual device and raises what CUDA would raise."""
+
+    def __init__(self, session: Simulation) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.session = session
+        self.key = session.devices.backend.upper()  # CUDA: as in wrapper_CUDA_addmm
+        aten = torch.ops.aten
+        # ops whose outputs do not all follow the common device (rule 9)
+        self.slow_ops = frozenset(
+            {
+                aten._pack_padded_sequence.default,
+                aten._pad_packed_sequence.default,
+            }
+        )
+        self._alias: dict[Any, tuple[bool, ...]] = {}
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # The default wraps __torch_dispatch__ in torch._disable_dynamo, which costs a
+        # few microseconds on every op; the session handles torch.compile itself.
+        return False
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        # Fast path: read each operand's tag once; stop at the first disagreement.
+        dev = _UNSET
+        mixed = False
+        try:
+            for a in args:
+                if isinstance(a, Tensor):
+                    d = getattr(a.untyped_storage(), TAG, None)
+                    if dev is _UNSET:
+                        dev = d
+                    elif d is not dev:
+                        mixed = True
+                        break
+                elif a.__class__ is list or a.__class__ is tuple:
+                    for b in a:
+                        if isinstance(b, Tensor):
+                            d = getattr(b.untyped_storage(), TAG, None)
+                            if dev is _UNSET:
+                                dev = d
+                            elif d is not dev:
+                                mixed = True
+                                break
+                    if mixed:
+                        break
+            if kwargs and not mixed:
+                for a in kwargs.values():
+                    if isinstance(a, Tensor):
+                        d = getattr(a.untyped_storage(), TAG, None)
+                        if dev is _UNSET:
+                            dev = d
+                        elif d is not dev:
+                            mixed = True
+                            break
+        except (RuntimeError, NotImplementedError, TypeError):
+            mixed = True  # an operand without a storage (sparse, nested)
+        if mixed:
+            try:
+                return self._slow(func, args, kwargs)
+            except SimulatedError as error:
+                # raise from here: the traceback ends at the op, not inside torchdoctor
+                raise error.with_traceback(None) from None
+
+        if dev is _UNSET:
+            # No tensor operand: a factory. Called from Python, it went through our
+            # patched factory, which retags it; called from inside a C++ composite,
+            # it belongs to that composite's input: wild.
+            out = func(*args, **kwargs)
+            if isinstance(out, Tensor):
+                _tag_outputs(out, WILD)
+            return out
+        if func in self.slow_ops:
+            return self._slow(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if dev is not None:
+            _tag_outputs(out, dev)
+        return out
+
+    def _slow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        violation = None
+        try:
+            out_dev, _ = rules.check(func, args, kwargs, tag_of, set_tag, self.key)
+        except rules.Violation as broken:
+            violation = broken
+        if violation is not None:  # outside the except block: no chained traceback
+            out_dev = self.session.violation(violation, op=func)
+        out = func(*args, **kwargs)
+        if func in self.slow_ops:  # (data, batch_sizes/lengths): the second stays on the CPU
+            _tag_outputs(out[0], out_dev)
+            set_tag(out[1], None)
+            return out
+        self._tag_new_outputs(func, out, out_dev)
+        return out
+
+    def _tag_new_outputs(self, func: Any, out: Any, dev: Any) -> None:
+        """Tag outputs that are new tensors; in-place results and views keep their tag."""
+        if dev is None:
+            return
+        aliased = self._alias.get(func)
+        if aliased is None:
+            aliased = tuple(r.alias_info is not None for r in func._schema.returns)
+            self._alias[func] = aliased
+        if isinstance(out, Tensor):
+            if not (aliased and aliased[0]):
+                _tag_outputs(out, dev)
+        elif isinstance(out, (tuple, list)):
+            for i, item in enumerate(out):
+                if i < len(aliased) and aliased[i]:
+                    continue
+                _tag_outputs(item, dev)

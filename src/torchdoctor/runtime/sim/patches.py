@@ -1,0 +1,961 @@
+"""Python-level patches: what the dispatch mode cannot see.
+
+A CPU build of PyTorch refuses `device="cuda"` before any op is dispatched, and
+answers `torch.cuda.is_available()` with False, so the entry points that take
+or report devices are replaced while a simulation runs: tensor properties and
+moves, factories, `torch.cuda.*` / `torch.accelerator.*`, NumPy conversion,
+pinned memory, checkpoints, optimizer grouping, the RNN checks and threads.
+Every replaced attribute is put back on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.utils._device as _device_context
+
+from torchdoctor.runtime.sim import rules
+from torchdoctor.runtime.sim.devices import (
+    CPU,
+    PINNED,
+    TAG,
+    WILD,
+    InvalidOrdinal,
+    describe,
+    device_of,
+    real_device,
+    set_site,
+    set_tag,
+    tag_of,
+)
+from torchdoctor.runtime.sim.frames import user_site
+
+if TYPE_CHECKING:
+    from torchdoctor.runtime.sim.session import Simulation
+
+Tensor = torch.Tensor
+_MISSING: Any = object()
+_base = torch._C.TensorBase  # type: ignore[attr-defined]
+
+
+class Patcher:
+    """Replaces attributes and restores them, in reverse order."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def set(self, owner: Any, name: str, value: Any) -> None:
+        namespace = getattr(owner, "__dict__", None)
+        old = namespace.get(name, _MISSING) if namespace is not None else _MISSING
+        self._saved.append((owner, name, old))
+        setattr(owner, name, value)
+
+    def restore(self) -> None:
+        while self._saved:
+            owner, name, old = self._saved.pop()
+            if old is _MISSING:
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, old)
+
+
+def _virtual(tag: Any) -> bool:
+    return tag is not None and tag is not WILD
+
+
+class Patches:
+    """All Python-level patches of one simulation."""
+
+    def __init__(self, session: Simulation) -> None:
+        self.session = session
+        self.devices = session.devices
+        self.backend = session.devices.backend
+        self.patcher = Patcher()
+        self.originals: dict[str, Any] = {}
+
+    # -- helpers -------------------------------------------------------------
+
+    def resolve(self, device: Any) -> Any:
+        """A user's device argument -> virtual device, None (cpu) or a real other device."""
+        try:
+            return self.devices.resolve(device)
+        except InvalidOrdinal as bad:
+            return self.session.invalid_ordinal(bad.device)
+
+    def default_device(self) -> Any:
+        """The device of `torch.set_default_device` / `with torch.device(...)`, if virtual."""
+        current = _device_context.CURRENT_DEVICE
+        if current is None or current.type != self.backend:
+            return None
+        return self.resolve(current)
+
+    def install(self) -> None:
+        self._tensor_properties()
+        self._tensor_moves()
+        self._factories()
+        self._numpy_and_pinning()
+        self._cuda_module()
+        self._accelerator()
+        self._generator()
+        self._serialization()
+        self._optimizers()
+        self._rnn()
+        self._copying()
+        self._threads()
+        self._unsupported()
+
+    def uninstall(self) -> None:
+        self.patcher.restore()
+
+    # -- tensor properties ---------------------------------------------------
+
+    def _tensor_properties(self) -> None:
+        p = self.patcher
+        backend = self.backend
+        real_get_device = _base.get_device
+        real_type = _base.type
+
+        def is_backend(self: Tensor) -> bool:
+            tag = tag_of(self)
+            return _virtual(tag) and tag.type == backend
+
+        def is_cpu(self: Tensor) -> bool:
+            return not _virtual(tag_of(self)) and real_device(self).type == "cpu"
+
+        def get_device(self: Tensor) -> int:
+            tag = tag_of(self)
+            if _virtual(tag):
+                return int(tag.index)
+            return int(real_get_device(self))
+
+        def type_(self: Tensor, dtype: Any = None, non_blocking: bool = False, **kw: Any) -> Any:
+            tag = tag_of(self)
+            if dtype is None:
+                return rules.legacy_type(self, tag if _virtual(tag) else None)
+            name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
+            marker = f".{backend}."
+            if marker in name:
+                cpu_name = name.replace(marker, ".")
+                converted = real_type(self, cpu_name, non_blocking, **kw)
+                return converted.to(backend)
+            result = real_type(self, dtype, non_blocking, **kw)
+            return result.to("cpu") if _virtual(tag) and isinstance(result, Tensor) else result
+
+        p.set(Tensor, "device", property(device_of))
+        p.set(Tensor, "is_cuda", property(is_backend if backend == "cuda" else lambda t: False))
+        p.set(Tensor, "is_mps", property(is_backend if backend == "mps" else lambda t: False))
+        p.set(Tensor, "is_cpu", property(is_cpu))
+        p.set(Tensor, "get_device", get_device)
+        p.set(Tensor, "type", type_)
+
+    # -- moves: to / cuda / cpu ----------------------------------------------
+
+    def _tensor_moves(self) -> None:
+        p = self.patcher
+        real_to = _base.to
+        patches = self
+
+        class _DeviceMove(torch.autograd.Function):
+            """A copy to another device; the gradient flows back to the source device."""
+
+            @staticmethod
+            def forward(ctx: Any, x: Tensor, dst: Any, dtype: Any, memory_format: Any) -> Tensor:
+                src = tag_of(x)
+                ctx.src = src if _virtual(src) else None
+                ctx.src_dtype = x.dtype
+                out = real_to(x, CPU, dtype or x.dtype, False, True, memory_format=memory_format)
+                set_tag(out, dst)
+                return out  # type: ignore[no-any-return]
+
+            @staticmethod
+            def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+                out = real_to(grad, CPU, ctx.src_dtype, False, True)
+                set_tag(out, ctx.src)
+                return out, None, None, None
+
+        def move(t: Tensor, dst: Any, dtype: Any, memory_format: Any) -> Tensor:
+            if memory_format is None:
+                memory_format = torch.preserve_format
+            if t.requires_grad and torch.is_grad_enabled():
+                out = _DeviceMove.apply(t, dst, dtype, memory_format)  # type: ignore[no-untyped-call]
+            else:
+                out = real_to(t, CPU, dtype or t.dtype, False, True, memory_format=memory_format)
+                set_tag(out, dst)
+            set_site(out, user_site(f".to({dst or 'cpu'})", depth=3))
+            return out  # type: ignore[no-any-return]
+
+        def to_device(
+            t: Tensor, target: Any, dtype: Any, copy_: bool, memory_format: Any, non_blocking: bool
+        ) -> Tensor:
+            src = tag_of(t)
+            src = src if _virtual(src) else None
+            if target is src:
+                kwargs = {} if memory_format is None else {"memory_format": memory_format}
+                return real_to(  # type: ignore[no-any-return]
+                    t,
+                    torch._C.TensorBase.device.__get__(t),
+                    dtype or t.dtype,
+                    non_blocking,
+                    copy_,
+                    **kwargs,
+                )
+            return move(t, target, dtype, memory_format)
+
+        def parse(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            """Tensor.to's three signatures -> (device given?, device, dtype, copy, mf, nb)."""
+            kw = dict(kwargs)
+            device = kw.pop("device", _MISSING)
+            dtype = kw.pop("dtype", None)
+            non_blocking = kw.pop("non_blocking", False)
+            copy_ = kw.pop("copy", False)
+            memory_format = kw.pop("memory_format", None)
+            pos = list(args)
+            if pos and isinstance(pos[0], Tensor):
+                other = pos.pop(0)
+                tag = tag_of(other)
+                device = tag if _virtual(tag) else torch._C.TensorBase.device.__get__(other)
+                dtype = other.dtype
+            elif pos and isinstance(pos[0], torch.dtype):
+                dtype = pos.pop(0)
+            elif pos and (pos[0] is None or isinstance(pos[0], (str, torch.device, int))):
+                device = pos.pop(0)
+                if pos and (pos[0] is None or isinstance(pos[0], torch.dtype)):
+                    dtype = pos.pop(0)
+            if pos:
+                non_blocking = pos.pop(0)
+            if pos:
+                copy_ = pos.pop(0)
+            if pos or kw:
+                return None  # not a form we know: let torch say what is wrong
+            return device, dtype, copy_, memory_format, non_blocking
+
+        def to(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+            parsed = parse(args, kwargs)
+            if parsed is None:
+                return real_to(self, *args, **kwargs)
+            device, dtype, copy_, memory_format, non_blocking = parsed
+            if device is _MISSING or device is None:
+                src = tag_of(self)
+                target = src if _virtual(src) else None
+            else:
+                target = patches.resolve(device)
+                if target is not None and not patches.devices.is_virtual(target):
+                    return real_to(self, *args, **kwargs)  # meta, or an unsimulated backend
+            return to_device(self, target, dtype, copy_, memory_format, non_blocking)
+
+        def cuda(self: Tensor, device: Any = None, non_blocking: bool = False, **kw: Any) -> Any:
+            if patches.backend != "cuda":
+                return patches.originals["cuda"](self, device, non_blocking, **kw)
+            target = patches.resolve("cuda" if device is None else device)
+            if isinstance(device, torch.device) and device.type != "cuda":
+                raise RuntimeError(f"Invalid device, must be cuda device, got {device}")
+            return to_device(self, target, None, False, kw.get("memory_format"), non_blocking)
+
+        def cpu(self: Tensor, memory_format: Any = None) -> Any:
+            return to_device(self, None, None, False, memory_format, False)
+
+        self.originals["cuda"] = Tensor.cuda
+        p.set(Tensor, "to", to)
+        p.set(Tensor, "cuda", cuda)
+        p.set(Tensor, "cpu", cpu)
+        self.to_device = to_device
+
+        # nn.Module.to parses its arguments with _parse_to, which rejects a bare ordinal
+        real_parse_to = torch._C._nn._parse_to
+        devices = self.devices
+
+        def parse_to(*args: Any, **kwargs: Any) -> Any:
+            if args and isinstance(args[0], int) and not isinstance(args[0], bool):
+                args = (f"{devices.backend}:{args[0]}", *args[1:])
+            if isinstance(kwargs.get("device"), int):
+                kwargs["device"] = f"{devices.backend}:{kwargs['device']}"
+            result = real_parse_to(*args, **kwargs)
+            if args and isinstance(args[0], Tensor):
+                tag = tag_of(args[0])
+                if _virtual(tag):
+                    return (tag, *result[1:])
+            return result
+
+        p.set(torch._C._nn, "_parse_to", parse_to)
+
+    # -- factories -----------------------------------------------------------
+
+    def _factories(self) -> None:
+        p = self.patcher
+        patches = self
+        pin_site = self._mark_pinned
+
+        def wrap(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def factory(*args: Any, **kwargs: Any) -> Any:
+                device = kwargs.get("device")
+                if device is None:
+                    target = patches.default_device()
+                else:
+                    target = patches.resolve(device)
+                    if target is not None and not patches.devices.is_virtual(target):
+                        return fn(*args, **kwargs)  # meta and friends: really there
+                if target is not None:
+                    kwargs["device"] = CPU
+                pinned = bool(kwargs.pop("pin_memory", False))
+                out = fn(*args, **kwargs)
+                if isinstance(out, Tensor):
+                    set_tag(out, target)
+                    set_site(out, user_site(f"torch.{name}(...)"))
+                    if pinned and target is None:
+                        pin_site(out)
+                return out
+
+            return factory
+
+        def wrap_like(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def like(*args: Any, **kwargs: Any) -> Any:
+                device = kwargs.get("device")
+                if device is None:
+                    out = fn(*args, **kwargs)  # follows its input: the mode tags it
+                    if isinstance(out, Tensor):
+                        set_site(out, user_site(f"{name}(...)"))
+                    return out
+                target = patches.resolve(device)
+                if target is not None and not patches.devices.is_virtual(target):
+                    return fn(*args, **kwargs)
+                kwargs["device"] = CPU
+                out = fn(*args, **kwargs)
+                set_tag(out, target)
+                set_site(out, user_site(f"{name}(...)"))
+                return out
+
+            return like
+
+        def wrap_as_tensor(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+            factory = wrap(fn, name)
+
+            @functools.wraps(fn)
+            def as_tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
+                if name == "as_tensor" and args:  # as_tensor(data, dtype, device)
+                    kwargs.setdefault("dtype", args[0])
+                    if len(args) > 1:
+                        kwargs.setdefault("device", args[1])
+                    args = ()
+                if isinstance(data, Tensor) and name == "as_tensor":
+                    device = kwargs.get("device")
+                    target = patches.resolve(device) if device is not None else _MISSING
+                    if target is _MISSING:
+                        return fn(data, dtype=kwargs.get("dtype"))
+                    if target is not None and not patches.devices.is_virtual(target):
+                        return fn(data, *args, **kwargs)
+                    return patches.to_device(data, target, kwargs.get("dtype"), False, None, False)
+                if isinstance(data, Tensor) and kwargs.get("device") is None:
+                    return fn(data, *args, **kwargs)  # asarray(tensor): stays where it is
+                return factory(data, *args, **kwargs)
+
+            return as_tensor
+
+        factories = [
+            "empty", "empty_permuted", "empty_strided", "ones", "zeros", "full", "arange",
+            "range", "eye", "linspace", "logspace", "rand", "randn", "randint", "randperm",
+            "scalar_tensor", "tensor", "tril_indices", "triu_indices", "bartlett_window",
+            "blackman_window", "hamming_window", "hann_window", "kaiser_window", "normal",
+        ]  # fmt: skip
+        for name in factories:
+            if hasattr(torch, name):
+                p.set(torch, name, wrap(getattr(torch, name), name))
+        for name in ("as_tensor", "asarray"):
+            p.set(torch, name, wrap_as_tensor(getattr(torch, name), name))
+        for name in ("fftfreq", "rfftfreq"):
+            p.set(torch.fft, name, wrap(getattr(torch.fft, name), f"fft.{name}"))
+        for name in ("empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
+                     "randn_like", "randint_like"):  # fmt: skip
+            p.set(torch, name, wrap_like(getattr(torch, name), f"torch.{name}"))
+        for name in ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"):
+            p.set(Tensor, name, wrap_like(getattr(Tensor, name), f".{name}"))
+
+        real_new_tensor = Tensor.new_tensor
+
+        def new_tensor(self: Tensor, data: Any, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("device") is None:
+                tag = tag_of(self)
+                kwargs["device"] = tag if _virtual(tag) else CPU
+            return wrap_like(real_new_tensor, ".new_tensor")(self, data, *args, **kwargs)
+
+        p.set(Tensor, "new_tensor", new_tensor)
+
+    # -- numpy, pin_memory ---------------------------------------------------
+
+    def _mark_pinned(self, t: Tensor) -> None:
+        setattr(t.untyped_storage(), PINNED, True)
+
+    def _numpy_and_pinning(self) -> None:
+        p = self.patcher
+        session = self.session
+        real_numpy = _base.numpy
+
+        def numpy(self: Tensor, *, force: bool = False) -> Any:
+            tag = tag_of(self)
+            if _virtual(tag) and not force:
+                session.violation(
+                    rules.Violation(
+                        f"can't convert {tag} device type tensor to numpy. Use Tensor.cpu() "
+                        "to copy the tensor to host memory first.",
+                        culprit=rules.Operand("self", self, tag, False),
+                        exc_type=TypeError,
+                        kind="numpy",
+                    ),
+                    op=None,
+                )
+            return real_numpy(self, force=force)
+
+        def pin_memory(self: Tensor, device: Any = None) -> Tensor:
+            tag = tag_of(self)
+            if _virtual(tag):
+                session.violation(
+                    rules.Violation(
+                        f"cannot pin '{rules.legacy_type(self, tag)}' only dense CPU tensors "
+                        "can be pinned",
+                        culprit=rules.Operand("self", self, tag, False),
+                        kind="pin",
+                    ),
+                    op=None,
+                )
+                return self
+            if getattr(self.untyped_storage(), PINNED, False):
+                return self
+            out = self.clone()
+            setattr(out.untyped_storage(), PINNED, True)
+            return out
+
+        def is_pinned(self: Tensor, device: Any = None) -> bool:
+            try:
+                return bool(getattr(self.untyped_storage(), PINNED, False))
+            except (RuntimeError, NotImplementedError, TypeError):
+                return False
+
+        p.set(Tensor, "numpy", numpy)
+        p.set(Tensor, "pin_memory", pin_memory)
+        p.set(Tensor, "is_pinned", is_pinned)
+
+    # -- torch.cuda / torch.mps / torch.accelerator --------------------------
+
+    def _index(self, device: Any) -> int:
+        if device is None:
+            return self.devices.current
+        if isinstance(device, int) and not isinstance(device, bool):
+            index = device
+        else:
+            dev = device if isinstance(device, torch.device) else torch.device(device)
+            index = self.devices.current if dev.index is None else dev.index
+        if index < 0:
+            return self.devices.current
+        if index >= self.devices.count:
+            self.session.invalid_ordinal(torch.device(self.backend, index))
+        return index
+
+    def _device_module_functions(self) -> dict[str, Any]:
+        """Functions shared by torch.cuda, torch.mps and torch.accelerator."""
+        devices = self.devices
+        patches = self
+
+        def set_device(device: Any) -> None:
+            devices.current = patches._index(device)
+
+        def synchronize(device: Any = None) -> None:
+            patches._index(device)
+
+        def zero(device: Any = None) -> int:
+            return 0
+
+        def noop(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        return {
+            "is_available": lambda: True,
+            "device_count": lambda: devices.count,
+            "current_device": lambda: devices.current,
+            "set_device": set_device,
+            "synchronize": synchronize,
+            "empty_cache": noop,
+            "memory_allocated": zero,
+            "max_memory_allocated": zero,
+            "memory_reserved": zero,
+            "max_memory_reserved": zero,
+            "memory_cached": zero,
+            "max_memory_cached": zero,
+            "reset_peak_memory_stats": noop,
+            "reset_max_memory_allocated": noop,
+            "reset_max_memory_cached": noop,
+            "reset_accumulated_memory_stats": noop,
+            "memory_stats": lambda device=None: {},
+            "noop": noop,
+        }
+
+    def _cuda_module(self) -> None:
+        p = self.patcher
+        shared = self._device_module_functions()
+        noop = shared.pop("noop")
+        patches = self
+        session = self.session
+        total_memory = 80 * 1024**3
+
+        class _Properties:
+            def __init__(self, index: int) -> None:
+                self.name = "torchdoctor virtual GPU"
+                self.major, self.minor = 8, 0
+                self.total_memory = total_memory
+                self.multi_processor_count = 108
+                self.is_integrated = False
+                self.is_multi_gpu_board = False
+                self.warp_size = 32
+                self.index = index
+
+            def __repr__(self) -> str:
+                return (
+                    f"_CudaDeviceProperties(name='{self.name}', major=8, minor=0, "
+                    f"total_memory={total_memory // 1024**2}MB, multi_processor_count=108)"
+                )
+
+        class _Stream:
+            def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+                self.device = torch.device(patches.backend, patches._index(device))
+                self.priority = priority
+
+            def synchronize(self) -> None:
+                return None
+
+            def query(self) -> bool:
+                return True
+
+            def is_capturing(self) -> bool:
+                return False
+
+            def wait_stream(self, stream: Any) -> None:
+                return None
+
+            def wait_event(self, event: Any) -> None:
+                return None
+
+            def record_event(self, event: Any = None) -> Any:
+                return event if event is not None else _Event()
+
+            def __enter__(self) -> _Stream:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                return None
+
+            def __eq__(self, other: object) -> bool:
+                return isinstance(other, _Stream) and other.device == self.device
+
+            def __hash__(self) -> int:
+                return hash(self.device)
+
+        class _Event:
+            def __init__(self, enable_timing: bool = False, **kwargs: Any) -> None:
+                import time
+
+                self._time = time.perf_counter
+                self._at = 0.0
+
+            def record(self, stream: Any = None) -> None:
+                self._at = self._time()
+
+            def synchronize(self) -> None:
+                return None
+
+            def wait(self, stream: Any = None) -> None:
+                return None
+
+            def query(self) -> bool:
+                return True
+
+            def elapsed_time(self, end: _Event) -> float:
+                return (end._at - self._at) * 1000.0
+
+        @contextlib.contextmanager
+        def stream_context(stream: Any = None) -> Iterator[Any]:
+            yield stream
+
+        class _DeviceContext:
+            """torch.cuda.device(i): make i the current device inside the block."""
+
+            def __init__(self, device: Any) -> None:
+                self.idx = -1 if device is None else patches._index(device)
+                self.prev = -1
+
+            def __enter__(self) -> None:
+                self.prev = patches.devices.current
+                if self.idx >= 0:
+                    patches.devices.current = self.idx
+
+            def __exit__(self, *exc: object) -> None:
+                patches.devices.current = self.prev
+
+        def device_of(obj: Any) -> _DeviceContext:
+            if isinstance(obj, Tensor) and obj.is_cuda:
+                return _DeviceContext(obj.get_device())
+            return _DeviceContext(None)
+
+        def props(device: Any = None) -> _Properties:
+            return _Properties(patches._index(device))
+
+        def unsupported(what: str) -> Callable[..., Any]:
+            def fail(*args: Any, **kwargs: Any) -> Any:
+                session.unsupported(what)
+
+            return fail
+
+        fake = {
+            **shared,
+            "is_initialized": lambda: True,
+            "init": noop,
+            "_lazy_init": noop,
+            "ipc_collect": noop,
+            "get_device_name": lambda device=None: props(device).name,
+            "get_device_properties": props,
+            "get_device_capability": lambda device=None: (8, 0),
+            "is_bf16_supported": lambda including_emulation=True: True,
+            "is_tf32_supported": lambda: True,
+            "get_arch_list": lambda: ["sm_80"],
+            "get_gencode_flags": lambda: "",
+            "can_device_access_peer": lambda device, peer: True,
+            "mem_get_info": lambda device=None: (total_memory, total_memory),
+            "memory_summary": lambda device=None, abbreviated=False: (
+                "torchdoctor: GPU memory is not simulated on this machine\n"
+            ),
+            "memory_snapshot": lambda *a, **k: [],
+            "list_gpu_processes": lambda device=None: "no processes (simulated GPU)",
+            "utilization": lambda device=None: 0,
+            "set_per_process_memory_fraction": noop,
+            "get_per_process_memory_fraction": lambda device=None: 1.0,
+            "manual_seed": noop,
+            "manual_seed_all": noop,
+            "seed": noop,
+            "seed_all": noop,
+            "initial_seed": torch.initial_seed,
+            "get_rng_state": lambda device="cuda": torch.get_rng_state(),
+            "get_rng_state_all": lambda: [
+                torch.get_rng_state() for _ in range(patches.devices.count)
+            ],
+            "set_rng_state": noop,
+            "set_rng_state_all": noop,
+            "device": _DeviceContext,
+            "device_of": device_of,
+            "Stream": _Stream,
+            "Event": _Event,
+            "current_stream": lambda device=None: _Stream(device),
+            "default_stream": lambda device=None: _Stream(device),
+            "set_stream": noop,
+            "stream": stream_context,
+            "StreamContext": stream_context,
+            "set_sync_debug_mode": noop,
+            "is_current_stream_capturing": lambda: False,
+            "get_sync_debug_mode": lambda: 0,
+            "graph": unsupported("CUDA graphs (torch.cuda.graph)"),
+            "CUDAGraph": unsupported("CUDA graphs (torch.cuda.CUDAGraph)"),
+            "make_graphed_callables": unsupported("CUDA graphs (make_graphed_callables)"),
+        }
+        self._stream_class = _Stream
+        self._device_context = _DeviceContext
+        if self.backend == "cuda":
+            for name, value in fake.items():
+                p.set(torch.cuda, name, value)
+            for name in ("range_push", "range_pop", "mark"):
+                p.set(torch.cuda.nvtx, name, noop)
+            p.set(torch.cuda.nvtx, "range", stream_context)
+            p.set(torch.cuda.memory, "_set_allocator_settings", noop)
+            p.set(torch.backends.cuda, "is_built", lambda: True)
+            # cuDNN is not simulated: RNNs must not try to flatten weights for it
+            p.set(torch.backends.cudnn, "is_acceptable", lambda tensor: False)
+        else:  # mps
+            mps_fake = {
+                **shared,
+                "manual_seed": noop,
+                "seed": noop,
+                "get_rng_state": lambda device="mps": torch.get_rng_state(),
+                "set_rng_state": noop,
+                "current_allocated_memory": lambda: 0,
+                "driver_allocated_memory": lambda: 0,
+                "recommended_max_memory": lambda: total_memory,
+                "set_per_process_memory_fraction": noop,
+                "Event": _Event,
+            }
+            for name, value in mps_fake.items():
+                p.set(torch.mps, name, value)
+            p.set(torch.backends.mps, "is_available", lambda: True)
+            p.set(torch.backends.mps, "is_built", lambda: True)
+
+    def _accelerator(self) -> None:
+        p = self.patcher
+        shared = self._device_module_functions()
+        noop = shared.pop("noop")
+        patches = self
+        backend = self.backend
+        total_memory = 80 * 1024**3
+
+        class _DeviceIndex:
+            def __init__(self, device: Any = None) -> None:
+                self.idx = -1 if device is None else patches._index(device)
+                self.prev = -1
+
+            def __enter__(self) -> None:
+                self.prev = patches.devices.current
+                if self.idx >= 0:
+                    patches.devices.current = self.idx
+
+            def __exit__(self, *exc: object) -> None:
+                patches.devices.current = self.prev
+
+        fake = {
+            "is_available": lambda: True,
+            "current_accelerator": lambda check_available=False: torch.device(backend),
+            "device_count": shared["device_count"],
+            "current_device_index": shared["current_device"],
+            "current_device_idx": shared["current_device"],
+            "set_device_index": shared["set_device"],
+            "set_device_idx": shared["set_device"],
+            "synchronize": shared["synchronize"],
+            "empty_cache": noop,
+            "empty_host_cache": noop,
+            "current_stream": lambda device=None: self._stream_class(device),
+            "set_stream": noop,
+            "device_index": _DeviceIndex,
+            "get_memory_info": lambda device=None: (total_memory, total_memory),
+            "get_device_capability": lambda device=None: {"major": 8, "minor": 0},
+        }
+        for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
+                     "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
+                     "reset_accumulated_memory_stats"):  # fmt: skip
+            fake[name] = shared[name]
+        for name, value in fake.items():
+            if hasattr(torch.accelerator, name):
+                p.set(torch.accelerator, name, value)
+        p.set(torch._C, "_get_accelerator", lambda check=False: torch.device(backend))
+
+    # -- torch.Generator -----------------------------------------------------
+
+    def _generator(self) -> None:
+        patches = self
+        real = torch._C.Generator
+
+        class _GeneratorMeta(type(real)):  # type: ignore[misc]
+            def __instancecheck__(cls, obj: object) -> bool:
+                return isinstance(obj, real)
+
+            def __subclasscheck__(cls, sub: type) -> bool:
+                return issubclass(sub, real)
+
+        class Generator(real, metaclass=_GeneratorMeta):  # type: ignore[valid-type,misc]
+            """torch.Generator(device="cuda"): a CPU generator that reports the virtual device."""
+
+            def __new__(cls, device: Any = "cpu") -> Any:
+                target = patches.resolve(device)
+                gen = real.__new__(cls, "cpu" if patches.devices.is_virtual(target) else device)  # type: ignore[call-arg]
+                gen._td_device = target
+                return gen
+
+            def __init__(self, device: Any = "cpu") -> None:
+                pass
+
+            @property
+            def device(self) -> Any:  # type: ignore[override]
+                target = self._td_device
+                return target if patches.devices.is_virtual(target) else real.device.__get__(self)
+
+        with contextlib.suppress(TypeError):  # a torch whose Generator cannot be subclassed
+            self.patcher.set(torch, "Generator", Generator)
+
+    # -- torch.save / torch.load ---------------------------------------------
+
+    def _serialization(self) -> None:
+        p = self.patcher
+        ser = torch.serialization
+        real_location_tag = ser.location_tag
+        real_restore: Callable[..., Any] = ser.default_restore_location
+        session = self.session
+        backend = self.backend
+
+        def location_tag(storage: Any) -> Any:
+            untyped = getattr(storage, "_untyped_storage", storage)
+            tag = getattr(untyped, TAG, None)
+            if tag is not None and tag is not WILD:  # what a GPU machine writes: cuda:0, mps
+                return "mps" if tag.type == "mps" else str(tag)
+            return real_location_tag(storage)
+
+        def default_restore_location(storage: Any, location: str) -> Any:
+            if not (location == backend or location.startswith(backend + ":")):
+                return real_restore(storage, location)
+            session.loaded_device_checkpoint(location)  # strict mode raises as a CPU box would
+            # _validate_device raises PyTorch's message for a missing ordinal
+            validate: Callable[..., Any] = ser._validate_device
+            index = 0 if backend == "mps" else validate(location, backend).index
+            target = self.devices.get(index or 0)
+            untyped = getattr(storage, "_untyped_storage", storage)
+            setattr(untyped, TAG, target)
+            return storage
+
+        p.set(ser, "location_tag", location_tag)
+        p.set(ser, "default_restore_location", default_restore_location)
+
+        patches = self
+
+        def storage_cuda(
+            self_: Any, device: Any = None, non_blocking: bool = False, **kw: Any
+        ) -> Any:
+            copied = self_.clone()
+            index = patches.devices.current if device is None else patches._index(device)
+            setattr(copied, TAG, patches.devices.get(index))
+            return copied
+
+        if backend == "cuda":
+            p.set(torch.UntypedStorage, "cuda", storage_cuda)
+
+    # -- optimizers, grad clipping, GradScaler -------------------------------
+
+    def _optimizers(self) -> None:
+        import sys
+
+        from torch.utils import _foreach_utils
+
+        real_group = _foreach_utils._group_tensors_by_device_and_dtype
+
+        def group(tensorlistlist: Any, with_indices: bool = False) -> Any:
+            """Group by *virtual* device and dtype, as a CUDA machine would."""
+            grouped = real_group(tensorlistlist, with_indices)
+            result: dict[Any, Any] = {}
+            for (_, dtype), (lists, indices) in grouped.items():
+                firsts = lists[0]
+                buckets: dict[Any, list[int]] = {}
+                for pos, t in enumerate(firsts):
+                    tag = tag_of(t) if t is not None else None
+                    dev = tag if _virtual(tag) else CPU
+                    buckets.setdefault(dev, []).append(pos)
+                for dev, positions in buckets.items():
+                    new_lists = [[lst[i] for i in positions] if lst else lst for lst in lists]
+                    new_indices = [indices[i] for i in positions] if indices else indices
+                    key = (dev, dtype)
+                    if key in result:
+                        old_lists, old_indices = result[key]
+                        for old, new in zip(old_lists, new_lists, strict=True):
+                            if old is not None and new:
+                                old.extend(new)
+                        if old_indices is not None:
+                            old_indices.extend(new_indices)
+                    else:
+                        result[key] = (new_lists, new_indices)
+            return result
+
+        for module in list(sys.modules.values()):
+            name = getattr(module, "__name__", "")
+            if not name.startswith("torch"):
+                continue
+            if getattr(module, "_group_tensors_by_device_and_dtype", None) is real_group:
+                self.patcher.set(module, "_group_tensors_by_device_and_dtype", group)
+        opt = torch.optim.Optimizer
+        if "_group_tensors_by_device_and_dtype" in opt.__dict__:
+            self.patcher.set(opt, "_group_tensors_by_device_and_dtype", staticmethod(group))
+
+    # -- RNN device checks ---------------------------------------------------
+
+    def _rnn(self) -> None:
+        vf = torch._VF
+        session = self.session
+
+        def check(inp: Tensor, hiddens: list[Any], params: list[Any]) -> None:
+            dev = rules.operand_device(inp, tag_of(inp))
+            if dev is WILD:
+                return
+            for what, group in (("hidden", hiddens), ("parameter", params)):
+                for t in group:
+                    if not isinstance(t, Tensor):
+                        continue
+                    other = rules.operand_device(t, tag_of(t))
+                    if other is WILD or other == dev:
+                        continue
+                    session.violation(
+                        rules.Violation(
+                            f"Input and {what} tensors are not at the same device, found input "
+                            f"tensor at {describe(dev)} and {what} tensor at "
+                            f"{describe(other)}",
+                            culprit=rules.Operand(what, t, other, False),
+                            reference=rules.Operand("input", inp, dev, False),
+                            output_device=dev,
+                        ),
+                        op=None,
+                    )
+                    return
+
+        def wrap(name: str) -> Callable[..., Any]:
+            real = getattr(vf, name)
+
+            def rnn(*args: Any, **kwargs: Any) -> Any:
+                # (input, hx, params, ...) or, packed, (data, batch_sizes, hx, params, ...)
+                packed = len(args) > 3 and isinstance(args[3], (list, tuple))
+                hx, params = (args[2], args[3]) if packed else (args[1], args[2])
+                hiddens = list(hx) if isinstance(hx, (list, tuple)) else [hx]
+                check(args[0], hiddens, list(params))
+                return real(*args, **kwargs)
+
+            return rnn
+
+        for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+            self.patcher.set(vf, name, wrap(name))
+
+    # -- deepcopy of storages, pickling --------------------------------------
+
+    def _copying(self) -> None:
+        real_deepcopy = torch.UntypedStorage.__deepcopy__
+
+        def storage_deepcopy(self: Any, memo: Any) -> Any:
+            copied = real_deepcopy(self, memo)  # type: ignore[no-untyped-call]
+            tag = getattr(self, TAG, None)
+            if tag is not None:
+                setattr(copied, TAG, tag)
+            return copied
+
+        self.patcher.set(torch.UntypedStorage, "__deepcopy__", storage_deepcopy)
+
+    # -- threads -------------------------------------------------------------
+
+    def _threads(self) -> None:
+        real_bootstrap = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+        session = self.session
+
+        def bootstrap_inner(thread: threading.Thread) -> None:
+            # dispatch modes are per thread: enter ours in threads started while simulating
+            with session.thread_mode():
+                real_bootstrap(thread)
+
+        self.patcher.set(threading.Thread, "_bootstrap_inner", bootstrap_inner)
+
+    # -- what is not simulated -----------------------------------------------
+
+    def _unsupported(self) -> None:
+        session = self.session
+        import torch.distributed as dist
+
+        if dist.is_available():
+            real_init = dist.init_process_group
+
+            def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+                if backend is None or "nccl" in str(backend):
+                    session.unsupported(
+                        "the NCCL backend (use backend='gloo' to run distributed code here)"
+                    )
+                return real_init(backend, *args, **kwargs)
+
+            self.patcher.set(dist, "init_process_group", init_process_group)
+
+        real_replicate = torch.nn.parallel.replicate
+
+        def replicate(network: Any, devices: Any, detach: bool = False) -> Any:
+            if len(devices) > 1:
+                session.unsupported("nn.DataParallel across several devices")
+            return real_replicate(network, devices, detach)
+
+        self.patcher.set(torch.nn.parallel.data_parallel, "replicate", replicate)

@@ -1,0 +1,295 @@
+"""`td.simulate("cuda")`: one simulation, its errors and its keep-going record."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+from types import TracebackType
+from typing import IO, Any
+
+import torch
+from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+from torchdoctor.errors import SimulationUnsupportedError, UsageError
+from torchdoctor.runtime.sim.devices import VirtualDevices
+from torchdoctor.runtime.sim.diagnose import Diagnosis, diagnose
+from torchdoctor.runtime.sim.mode import SimulatedError, VirtualDeviceMode
+from torchdoctor.runtime.sim.patches import Patches
+from torchdoctor.runtime.sim.rules import Violation
+
+BACKENDS = ("cuda", "mps")
+
+
+class VirtualDeviceError(SimulatedError, RuntimeError):
+    """What PyTorch raises on a GPU machine (same message); `.diagnosis` names the culprit."""
+
+    diagnosis: Diagnosis
+
+
+class VirtualDeviceTypeError(SimulatedError, TypeError):
+    """PyTorch's TypeError for device tensors (`.numpy()` on cuda); `.diagnosis` attached."""
+
+    diagnosis: Diagnosis
+
+
+class VirtualAcceleratorError(SimulatedError, torch.AcceleratorError):  # type: ignore[misc]
+    """CUDA's own errors (invalid device ordinal); `.diagnosis` attached."""
+
+    diagnosis: Diagnosis
+
+
+_ERROR_TYPES: dict[type[BaseException], type[BaseException]] = {
+    RuntimeError: VirtualDeviceError,
+    TypeError: VirtualDeviceTypeError,
+    torch.AcceleratorError: VirtualAcceleratorError,
+}
+
+INVALID_ORDINAL = (
+    "CUDA error: invalid device ordinal\n"
+    "CUDA kernel errors might be asynchronously reported at any other API call, so the "
+    "stacktrace below might be incorrect.\n"
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+)
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """error.add_note (Python 3.11+); on 3.10 the note is kept in __notes__ unprinted."""
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
+_active: Simulation | None = None
+_lock = threading.Lock()
+
+
+def active() -> Simulation | None:
+    """The running simulation, if any."""
+    return _active
+
+
+class Simulation:
+    """A virtual accelerator on this CPU machine; use as a context manager.
+
+    Inside, `torch.cuda.is_available()` is True and every tensor carries the device
+    it would have on a GPU machine, so device bugs fail as they would there, with
+    PyTorch's own message plus a diagnosis. With `keep_going=True` each distinct
+    error is recorded (`errors`) and the program goes on.
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        *,
+        devices: int = 1,
+        keep_going: bool = False,
+        strict_load: bool = False,
+        report: IO[str] | None = None,
+    ) -> None:
+        backend = str(device).split(":", 1)[0]
+        if backend not in BACKENDS:
+            raise UsageError(
+                f"cannot simulate {device!r}: the virtual accelerator simulates "
+                f"{' or '.join(BACKENDS)}",
+                fix="td.simulate('cuda') or td.simulate('mps')",
+            )
+        if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+            raise UsageError(f"devices must be a positive integer, got {devices!r}")
+        if backend == "mps" and devices != 1:
+            raise UsageError("mps has exactly one device", fix="leave devices at 1 for mps")
+        self.backend = backend
+        self.count = devices
+        self.keep_going = keep_going
+        self.strict_load = strict_load
+        self.report = report
+        self.devices = VirtualDevices(backend, devices)
+        self.records: dict[tuple[Any, ...], list[Any]] = {}  # key -> [Diagnosis, count]
+        self._patches: Patches | None = None
+        self._mode: VirtualDeviceMode | None = None
+        self._thread: int | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> Simulation:
+        global _active
+        with _lock:
+            if _active is not None:
+                raise UsageError(
+                    "a simulation is already running",
+                    fix="leave the running td.simulate() block first",
+                )
+            _active = self
+        try:
+            # Dynamo indexes torch's functions by identity when first imported (optimizers
+            # import it lazily): let it see the real ones, not our stand-ins.
+            import torch._dynamo  # noqa: F401
+
+            self._patches = Patches(self)
+            self._patches.install()
+            self._mode = VirtualDeviceMode(self)
+            _push_mode(self._mode)
+            self._thread = threading.get_ident()
+        except BaseException:
+            if self._patches is not None:
+                self._patches.uninstall()
+            _active = None
+            raise
+        return self
+
+    def stop(self) -> None:
+        global _active
+        if _active is not self:
+            return
+        try:
+            if self._mode is not None and self._thread == threading.get_ident():
+                _pop_mode()
+        finally:
+            if self._patches is not None:
+                self._patches.uninstall()
+            self._mode = None
+            self._patches = None
+            _active = None
+        if self.keep_going and self.records:
+            self._write(self.summary())
+
+    def __enter__(self) -> Simulation:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @contextlib.contextmanager
+    def thread_mode(self) -> Iterator[None]:
+        """Run a new thread under the dispatch mode (modes are per thread)."""
+        mode = self._mode
+        if mode is None or _active is not self:
+            yield
+            return
+        _push_mode(mode)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                _pop_mode()
+
+    # -- violations ----------------------------------------------------------
+
+    @property
+    def errors(self) -> list[Diagnosis]:
+        """Each distinct device error seen so far (keep-going mode), in order."""
+        return [record[0] for record in self.records.values()]
+
+    def violation(self, violation: Violation, *, op: Any) -> Any:
+        """Raise what CUDA would raise, or (keep_going) record it and continue.
+
+        Returns the device the call's outputs should take when the run goes on.
+        """
+        diagnosis = diagnose(violation, sys._getframe(1))
+        if self.keep_going:
+            record = self.records.get(diagnosis.key)
+            if record is None:
+                self.records[diagnosis.key] = [diagnosis, 1]
+                self._write(
+                    f"torchdoctor simulate: this would fail on a {self.backend.upper()} machine:"
+                    f"\n  {violation.exc_type.__name__}: {violation.message.strip()}\n"
+                    f"{diagnosis.render()}\n"
+                )
+            else:
+                record[1] += 1
+            return violation.output_device
+        error_type = _ERROR_TYPES.get(violation.exc_type, VirtualDeviceError)
+        error = error_type(violation.message)
+        error.diagnosis = diagnosis  # type: ignore[attr-defined]
+        _add_note(error, diagnosis.render())
+        raise error.with_traceback(None) from None
+
+    def invalid_ordinal(self, device: torch.device) -> Any:
+        message = INVALID_ORDINAL
+        if self.backend != "cuda":
+            message = f"Invalid device: {device} (this machine simulates one {self.backend})"
+        self.violation(
+            Violation(
+                message,
+                exc_type=torch.AcceleratorError if self.backend == "cuda" else RuntimeError,
+                kind="ordinal",
+            ),
+            op=None,
+        )
+        return self.devices.devices[0]
+
+    def loaded_device_checkpoint(self, location: str) -> None:
+        """A checkpoint storage tagged `location` is loaded without a map_location to CPU."""
+        if not self.strict_load:
+            return
+        name = self.backend.upper()
+        self.violation(
+            Violation(
+                f"Attempting to deserialize object on a {name} device but "
+                f"torch.{self.backend}.is_available() is False. If you are running on a "
+                "CPU-only machine, please use torch.load with "
+                "map_location=torch.device('cpu') to map your storages to the CPU.",
+                kind="load",
+            ),
+            op=None,
+        )
+
+    def unsupported(self, what: str) -> None:
+        raise SimulationUnsupportedError(
+            f"{what} is not simulated by td.simulate({self.backend!r})",
+            fix="run this part on a real GPU machine, or leave it out of the simulated run",
+        )
+
+    # -- reporting -----------------------------------------------------------
+
+    def summary(self) -> str:
+        if not self.records:
+            return "torchdoctor simulate: no device errors\n"
+        total = sum(count for _, count in self.records.values())
+        lines = [
+            f"torchdoctor simulate: {len(self.records)} distinct device error(s) "
+            f"({total} occurrence(s)) that a {self.backend.upper()} machine would raise:"
+        ]
+        for diagnosis, count in self.records.values():
+            first_line = diagnosis.message.strip().splitlines()[0]
+            lines.append(f"  [{diagnosis.code}] {diagnosis.location()}: {first_line} (x{count})")
+        return "\n".join(lines) + "\n"
+
+    def _write(self, text: str) -> None:
+        stream = self.report if self.report is not None else sys.stderr
+        stream.write(text)
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def simulate(
+    device: str = "cuda",
+    *,
+    devices: int = 1,
+    keep_going: bool = False,
+    strict_load: bool = False,
+    report: IO[str] | None = None,
+) -> Simulation:
+    """Run the enclosed code on a virtual accelerator: `with td.simulate("cuda"): train()`.
+
+    Args:
+        device: "cuda" or "mps".
+        devices: how many devices the machine pretends to have (cuda only).
+        keep_going: record each distinct device error and go on instead of raising;
+            a summary is written to `report` (stderr) at the end.
+        strict_load: make `torch.load` of a GPU checkpoint without `map_location` fail
+            as on a CPU-only machine (TD402) instead of restoring onto the virtual device.
+        report: where keep-going messages go (default: sys.stderr).
+    """
+    return Simulation(
+        device, devices=devices, keep_going=keep_going, strict_load=strict_load, report=report
+    )

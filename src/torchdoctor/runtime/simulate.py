@@ -1,0 +1,22 @@
+"""`td.simulate("cuda")`: run unmodified PyTorch code on a virtual accelerator.
+
+The implementation lives in `torchdoctor.runtime.sim`; see its modules.
+"""
+
+from torchdoctor.runtime.sim import (
+    Simulation,
+    VirtualAcceleratorError,
+    VirtualDeviceError,
+    VirtualDeviceTypeError,
+    active,
+    simulate,
+)
+
+__all__ = [
+    "Simulation",
+    "VirtualAcceleratorError",
+    "VirtualDeviceError",
+    "VirtualDeviceTypeError",
+    "active",
+    "simulate",
+]
