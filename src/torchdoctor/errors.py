@@ -48,3 +48,7 @@ class CheckpointError(TorchDoctorError, RuntimeError):
 
 class UnsafeCheckpointError(CheckpointError):
     """`weights_only=True` refused a checkpoint that needs arbitrary unpickling."""
+
+
+class SimulationUnsupportedError(TorchDoctorError, NotImplementedError):
+    """`td.simulate` met something it cannot reproduce on a CPU (CUDA graphs, NCCL, ...)."""
