@@ -36,7 +36,7 @@ bench: venv
 # The documentation site (mkdocs + Material) into site/; pages for rules, the API and the
 # explain catalogue are generated from the code by docs/gen_pages.py on every build.
 docs: venv
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .torchdoctor_cache .pytest_cache .mypy_cache .ruff_cache
