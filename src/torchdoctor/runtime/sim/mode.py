@@ -133,7 +133,9 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
     def _slow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         violation = None
         try:
-            out_dev, _ = rules.check(func, args, kwargs, tag_of, set_tag, self.key)
+            out_dev, _ = rules.check(
+                func, args, kwargs, tag_of, set_tag, self.key, self.session.lenient > 0
+            )
         except rules.Violation as broken:
             violation = broken
         if violation is not None:  # outside the except block: no chained traceback
@@ -142,6 +144,12 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
         if func in self.slow_ops:  # (data, batch_sizes/lengths): the second stays on the CPU
             _tag_outputs(out[0], out_dev)
             set_tag(out[1], None)
+            return out
+        if isinstance(out_dev, rules.PerPosition):  # _foreach_*: each position its own device
+            if isinstance(out, (list, tuple)):
+                for item, dev in zip(out, out_dev, strict=False):
+                    if dev is not None:
+                        _tag_outputs(item, dev)
             return out
         self._tag_new_outputs(func, out, out_dev)
         return out
@@ -158,7 +166,8 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
             if not (aliased and aliased[0]):
                 _tag_outputs(out, dev)
         elif isinstance(out, (tuple, list)):
+            one_list = len(aliased) == 1  # a single Tensor[] return: split, unbind, ...
             for i, item in enumerate(out):
-                if i < len(aliased) and aliased[i]:
+                if aliased[0] if one_list else i < len(aliased) and aliased[i]:
                     continue
                 _tag_outputs(item, dev)

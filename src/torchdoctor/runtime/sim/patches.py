@@ -790,7 +790,6 @@ class Patches:
         def default_restore_location(storage: Any, location: str) -> Any:
             if not (location == backend or location.startswith(backend + ":")):
                 return real_restore(storage, location)
-            session.loaded_device_checkpoint(location)  # strict mode raises as a CPU box would
             # _validate_device raises PyTorch's message for a missing ordinal
             validate: Callable[..., Any] = ser._validate_device
             index = 0 if backend == "mps" else validate(location, backend).index
@@ -801,6 +800,22 @@ class Patches:
 
         p.set(ser, "location_tag", location_tag)
         p.set(ser, "default_restore_location", default_restore_location)
+
+        real_get_restore: Callable[..., Any] = ser._get_restore_location
+
+        def get_restore_location(map_location: Any) -> Any:
+            restore = real_get_restore(map_location)
+            if map_location is not None:
+                return restore
+
+            def restore_without_map_location(storage: Any, location: str) -> Any:
+                if location == backend or location.startswith(backend + ":"):
+                    session.loaded_device_checkpoint(location)  # strict: a CPU box's error
+                return restore(storage, location)
+
+            return restore_without_map_location
+
+        p.set(ser, "_get_restore_location", get_restore_location)
 
         patches = self
 
@@ -905,6 +920,40 @@ class Patches:
 
         for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
             self.patcher.set(vf, name, wrap(name))
+
+        # Packed sequences (rule 9): the data stays on its device, batch sizes and
+        # lengths on the CPU, whatever the C++ composite allocated them with.
+        real_pad = vf._pad_packed_sequence
+
+        def pad_packed_sequence(data: Tensor, batch_sizes: Tensor, *args: Any) -> Any:
+            tag = tag_of(batch_sizes)
+            if _virtual(tag):
+                session.violation(
+                    rules.Violation(
+                        rules.lengths_message(batch_sizes, tag),
+                        culprit=rules.Operand("batch_sizes", batch_sizes, tag, False),
+                        kind="cpu-by-design",
+                    ),
+                    op=None,
+                )
+            padded, lengths = real_pad(data, batch_sizes, *args)
+            data_tag = tag_of(data)
+            set_tag(padded, data_tag if _virtual(data_tag) else None)
+            set_tag(lengths, None)
+            return padded, lengths
+
+        self.patcher.set(vf, "_pad_packed_sequence", pad_packed_sequence)
+
+        # ctc_loss (a C++ composite) divides by lengths it copies into a fresh CPU
+        # tensor that no factory call shows; CUDA accepts lengths on either device.
+        real_ctc = torch.ctc_loss
+
+        @functools.wraps(real_ctc)
+        def ctc_loss(*args: Any, **kwargs: Any) -> Any:
+            with session.lenient_region():
+                return real_ctc(*args, **kwargs)
+
+        self.patcher.set(torch, "ctc_loss", ctc_loss)
 
     # -- deepcopy of storages, pickling --------------------------------------
 

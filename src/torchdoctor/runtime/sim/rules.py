@@ -143,26 +143,35 @@ def classify(func: Any) -> tuple[str, tuple[str, ...], frozenset[str], str]:
 _CHECKED_NAMES: dict[Any, tuple[str, ...]] = {}
 
 
-def _iter_tensors(name: str, value: Any, is_output: bool, tag_of: Any) -> Iterator[Operand]:
-    if isinstance(value, Tensor):
-        yield Operand(name, value, operand_device(value, tag_of(value)), is_output)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            if isinstance(item, Tensor):
-                yield Operand(name, item, operand_device(item, tag_of(item)), is_output)
+def _iter_tensors(
+    name: str, value: Any, is_output: bool, tag_of: Any, lenient: bool
+) -> Iterator[Operand]:
+    items = [value] if isinstance(value, Tensor) else value
+    if not isinstance(items, (list, tuple)):
+        return
+    for item in items:
+        if isinstance(item, Tensor):
+            device = operand_device(item, tag_of(item))
+            if lenient and device is None:
+                device = WILD  # inside a composite that allocates CPU tensors unseen
+            yield Operand(name, item, device, is_output)
 
 
 def operands(
-    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tag_of: Any
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    tag_of: Any,
+    lenient: bool = False,
 ) -> list[Operand]:
     """Every tensor argument, named after the schema, in schema order."""
     _, names, writes, _ = classify(func)
     found: list[Operand] = []
     for i, value in enumerate(args):
         name = names[i] if i < len(names) else f"arg{i}"
-        found.extend(_iter_tensors(name, value, name in writes, tag_of))
+        found.extend(_iter_tensors(name, value, name in writes, tag_of, lenient))
     for name, value in kwargs.items():
-        found.extend(_iter_tensors(name, value, name in writes, tag_of))
+        found.extend(_iter_tensors(name, value, name in writes, tag_of, lenient))
     return found
 
 
@@ -354,7 +363,7 @@ def check_embedding(ops: list[Operand], backend_key: str) -> Any:
         name = {"weight": "self", "indices": "index"}.get(op.name, op.name)
         renamed.append(Operand(name, op.tensor, op.device, op.is_output))
     try:
-        return check_first_fixes(renamed, ("self", "index"), "__index_select", backend_key)
+        return check_first_fixes(renamed, ("self", "index"), "_index_select", backend_key)
     except Violation as v:  # keep the user-facing operand names
         v.culprit = next(
             op for op in ops if v.culprit is not None and op.tensor is v.culprit.tensor
@@ -404,6 +413,10 @@ def _device_type(dev: Any) -> str:
     return "cpu" if dev is None or dev is WILD else str(dev.type)
 
 
+class PerPosition(list[Any]):
+    """Output devices of a `_foreach_*` op, one per list position."""
+
+
 def check_foreach(ops: list[Operand]) -> Any:
     """Rule 8: `_foreach_*` ops are checked per list position; scalar tensors may be CPU."""
     lists: dict[str, list[Operand]] = {}
@@ -419,12 +432,13 @@ def check_foreach(ops: list[Operand]) -> Any:
                 columns[i].append(op)
         else:
             singles.extend(group)
-    first = None
+    per_position = PerPosition()
     for column in columns:
         common = check_tensor_iterator(column + singles, max_scalars=len(column) + len(singles))
-        if first is None:
-            first = common
-    return first
+        if common is None:  # all on the CPU: the outputs follow the first list
+            common = column[0].device if column and column[0].device is not WILD else None
+        per_position.append(common)
+    return per_position
 
 
 _SCALAR_TYPE_NAMES = {
@@ -441,6 +455,14 @@ _SCALAR_TYPE_NAMES = {
 }
 
 
+def lengths_message(t: Tensor, device: Any) -> str:
+    dtype = _SCALAR_TYPE_NAMES.get(t.dtype, str(t.dtype))
+    return (
+        "'lengths' argument should be a 1D CPU int64 tensor, but got "
+        f"{t.dim()}D {describe(device)} {dtype} tensor"
+    )
+
+
 def check_pack(func_name: str, ops: list[Operand]) -> Any:
     """Rule 9: packed sequences keep `lengths`/`batch_sizes` on the CPU."""
     for op in ops:
@@ -449,11 +471,8 @@ def check_pack(func_name: str, ops: list[Operand]) -> Any:
             and op.device is not None
             and op.device is not WILD
         ):
-            t = op.tensor
-            dtype = _SCALAR_TYPE_NAMES.get(t.dtype, str(t.dtype))
             raise Violation(
-                "'lengths' argument should be a 1D CPU int64 tensor, but got "
-                f"{t.dim()}D {describe(op.device)} {dtype} tensor",
+                lengths_message(op.tensor, op.device),
                 culprit=op,
                 output_device=None,
                 kind="cpu-by-design",
@@ -463,13 +482,28 @@ def check_pack(func_name: str, ops: list[Operand]) -> Any:
 
 
 def check(
-    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tag_of: Any, set_tag: Any, key: str
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    tag_of: Any,
+    set_tag: Any,
+    key: str,
+    lenient: bool = False,
 ) -> tuple[Any, list[Operand]]:
-    """Apply the rule for `func`; return (output device, operands) or raise Violation."""
+    """Apply the rule for `func`; return (output device, operands) or raise Violation.
+
+    `lenient`: CPU tensors count as wild (inside composites known to allocate CPU
+    tensors without dispatching a factory, such as ctc_loss's reduction).
+    """
     kind, _names, _writes, wrapper = classify(func)
-    ops = operands(func, args, kwargs, tag_of)
-    if kind == "copy":
-        return _first_device(ops), ops
+    ops = operands(func, args, kwargs, tag_of, lenient)
+    if kind == "copy":  # rule 7: crosses devices; a wild destination meets its source here
+        first = _first_device(ops)
+        if first is WILD:
+            source = next((op.device for op in ops if op.device not in (None, WILD)), None)
+            if source is not None:
+                return _resolve_wild(ops, source, set_tag), ops
+        return first, ops
     if kind == "ti":
         common = check_tensor_iterator(ops)
     elif kind == "where":
@@ -493,6 +527,8 @@ def check(
         common = check_first_fixes(ops, names, wrapper, key)
     else:
         common = check_first_fixes(ops, None, "", key)
+    if isinstance(common, PerPosition):
+        return common, ops
     return _resolve_wild(ops, common, set_tag), ops
 
 

@@ -112,6 +112,7 @@ class Simulation:
         self._patches: Patches | None = None
         self._mode: VirtualDeviceMode | None = None
         self._thread: int | None = None
+        self.lenient = 0  # > 0 inside composites that allocate unseen CPU tensors
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -181,6 +182,15 @@ class Simulation:
         finally:
             with contextlib.suppress(Exception):
                 _pop_mode()
+
+    @contextlib.contextmanager
+    def lenient_region(self) -> Iterator[None]:
+        """Treat CPU tensors as wild while a known composite runs."""
+        self.lenient += 1
+        try:
+            yield
+        finally:
+            self.lenient -= 1
 
     # -- violations ----------------------------------------------------------
 
