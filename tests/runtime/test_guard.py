@@ -27,21 +27,22 @@ class Net(nn.Module):
         return self.head(self.encoder(batch["x"]))
 
 
-def _no_global_hooks() -> bool:
-    return not (
-        module_globals._global_forward_pre_hooks
-        or optimizer_globals._global_optimizer_pre_hooks
-        or optimizer_globals._global_optimizer_post_hooks
+def _global_hooks() -> tuple[set[int], ...]:
+    return (
+        set(module_globals._global_forward_pre_hooks),
+        set(optimizer_globals._global_optimizer_pre_hooks),
+        set(optimizer_globals._global_optimizer_post_hooks),
     )
 
 
 @pytest.fixture(autouse=True)
 def _clean_up() -> Any:
     backward = torch.Tensor.backward
+    before = _global_hooks()
     yield
     for guard in active_guards():
         guard.remove()
-    assert _no_global_hooks()
+    assert _global_hooks() == before
     assert torch.Tensor.backward is backward
 
 
@@ -81,13 +82,14 @@ def test_non_device_errors_pass_through_unchanged_with_explanation() -> None:
 
 def test_no_per_module_hooks_and_global_hooks_end_after_n_steps() -> None:
     model = Net()
+    before = _global_hooks()
     guard = td.guard(model, steps=3)
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
-    assert module_globals._global_forward_pre_hooks
+    assert _global_hooks() != before
     for _ in range(4):
         model({"x": torch.randn(4, 3)})
     assert not guard.checking
-    assert _no_global_hooks()
+    assert _global_hooks() == before
     guard.remove()
 
 
