@@ -137,7 +137,9 @@ def _settings(args: argparse.Namespace, anchor: Path) -> Settings:
         config_file = find_config(anchor)
     settings = load_settings(config_file, known)
     if args.select is not None:
+        # As in ruff: a --select starts afresh; the config's select/extend-select/ignore go.
         settings.select = validate_selectors(_split(args.select), known, "--select")
+        settings.extend_select, settings.ignore = [], []
     settings.extend_select += validate_selectors(
         _split(args.extend_select), known, "--extend-select"
     )

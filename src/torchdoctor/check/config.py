@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -111,8 +112,8 @@ class Settings:
 
         Used for files named explicitly under `--force-exclude`.
         """
-        absolute = path.resolve()
-        root = self.root.resolve()
+        absolute = Path(os.path.abspath(path))
+        root = Path(os.path.abspath(self.root))
         candidates = [absolute]
         for parent in absolute.parents:
             if parent == root or root not in parent.parents:
@@ -126,10 +127,14 @@ def _matches(code: str, selector: str) -> bool:
 
 
 def _relative(path: Path, root: Path) -> str:
-    try:
-        return path.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
+    """`path` relative to `root` with forward slashes (no file system access: fast)."""
+    absolute = os.path.abspath(path)
+    base = os.path.abspath(root)
+    if absolute == base:
+        return "."
+    if absolute.startswith(base.rstrip(os.sep) + os.sep):
+        return Path(absolute[len(base.rstrip(os.sep)) + 1 :]).as_posix()
+    return path.as_posix()
 
 
 def _glob_match(rel: str, pattern: str) -> bool:
@@ -142,16 +147,24 @@ def _glob_match(rel: str, pattern: str) -> bool:
 
 def find_config(start: Path) -> Path | None:
     """The nearest pyproject.toml with a [tool.torchdoctor] table, walking up."""
-    here = start.resolve()
+    here = Path(os.path.abspath(start))
     if here.is_file():
         here = here.parent
     for folder in (here, *here.parents):
         candidate = folder / "pyproject.toml"
         if candidate.is_file():
             try:
-                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-                continue  # an unrelated broken pyproject further up is not ours to judge
+                text = candidate.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue  # an unrelated unreadable pyproject further up is not ours to judge
+            if "torchdoctor" not in text:
+                continue
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError:
+                if "tool.torchdoctor" in text:
+                    return candidate  # ours, but broken: load_settings says where
+                continue
             if "torchdoctor" in data.get("tool", {}):
                 return candidate
     return None

@@ -76,7 +76,7 @@ class FileContext:
         # The torch version the checked code targets (`target-version`, `--target-version`),
         # as (major, minor); None when not configured. Version-dependent rules read it.
         self.target_version = target_version
-        self.imports = collect_imports(tree)
+        self._imports: dict[str, str] | None = None
         # Ancestors of the node being visited, outermost first (kept by the engine).
         self.stack: list[ast.AST] = []
         self.findings: list[Finding] = []
@@ -84,6 +84,13 @@ class FileContext:
         self._lines: list[str] | None = None
 
     # -- names ------------------------------------------------------------
+    @property
+    def imports(self) -> dict[str, str]:
+        """Name bound by an import -> its dotted target (see `collect_imports`); lazy."""
+        if self._imports is None:
+            self._imports = collect_imports(self.tree)
+        return self._imports
+
     def qualname(self, node: ast.AST) -> str | None:
         """Dotted name of a Name/Attribute chain with import aliases resolved.
 

@@ -98,11 +98,12 @@ def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
     """
     seen: set[Path] = set()
     gitignore = GitIgnore() if settings.respect_gitignore else None
+    walk_ignore: GitIgnore | None = None  # per named folder: None inside an ignored one
 
     def skipped(entry: Path, is_dir: bool) -> bool:
         if settings.excluded_entry(entry):
             return True
-        return gitignore is not None and gitignore.ignored(entry.absolute(), is_dir=is_dir)
+        return walk_ignore is not None and walk_ignore.ignored(entry.absolute(), is_dir=is_dir)
 
     for path in paths:
         if path.is_file():
@@ -117,6 +118,11 @@ def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
             continue
         if settings.force_exclude and settings.is_excluded(path):
             continue
+        # A folder the user names inside a git-ignored one (`.venv/lib/.../torch`) is
+        # walked as asked; .gitignore still applies inside folders that git tracks.
+        walk_ignore = gitignore
+        if gitignore is not None and _ignored_with_parents(gitignore, path, is_dir=True):
+            walk_ignore = None
         for folder, dirnames, filenames in os.walk(path):
             here = Path(folder)
             dirnames[:] = sorted(d for d in dirnames if not skipped(here / d, True))
@@ -128,10 +134,10 @@ def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
                         yield file
 
 
-def _ignored_with_parents(gitignore: GitIgnore, file: Path) -> bool:
-    """Whether git ignores a file, or one of the folders it sits in."""
-    absolute = file.absolute()
-    if gitignore.ignored(absolute, is_dir=False):
+def _ignored_with_parents(gitignore: GitIgnore, path: Path, *, is_dir: bool = False) -> bool:
+    """Whether git ignores a file or folder, or one of the folders it sits in."""
+    absolute = path.absolute()
+    if absolute.parent != absolute and gitignore.ignored(absolute, is_dir=is_dir):
         return True
     for parent in absolute.parents:
         if parent.parent == parent or (parent / ".git").exists():

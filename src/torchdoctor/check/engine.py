@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import sys
@@ -168,23 +169,30 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
         )
 
     stack = ctx.stack
+    fields_of = _child_fields(want_operators=any(t in _OPERATOR_TYPES for t in dispatch))
+    # Nodes with no children and no visitor (names, constants, contexts) are not entered.
+    skip = {cls for cls, fields in fields_of.items() if not fields} - dispatch.keys()
 
     def walk(node: ast.AST) -> None:
-        handlers = dispatch.get(type(node))
+        cls = node.__class__
+        handlers = dispatch.get(cls)
         if handlers:
             for rule, visit in tuple(handlers):
                 try:
                     visit(node)
                 except Exception as exc:  # reported as TD900, the run goes on
                     fail(rule, exc, node)
+        fields = fields_of.get(cls)
+        if fields is None:  # a node class this Python's ast module does not list
+            fields = node._fields
         stack.append(node)
-        for name in node._fields:
+        for name in fields:
             value = getattr(node, name, None)
             if value.__class__ is list:
                 for item in value:
-                    if isinstance(item, ast.AST):
+                    if item.__class__ not in skip and isinstance(item, ast.AST):
                         walk(item)
-            elif isinstance(value, ast.AST):
+            elif value.__class__ not in skip and isinstance(value, ast.AST):
                 walk(value)
         stack.pop()
 
@@ -207,6 +215,39 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
             rule.finish()
         except Exception as exc:
             fail(rule, exc, None)
+
+
+# Fields that never hold a node: names, numbers, flags.
+_SCALAR_FIELDS = frozenset(
+    {"id", "attr", "name", "asname", "arg", "module", "level", "kind", "conversion"}
+    | {"is_async", "simple", "type_comment", "tag", "n", "s", "rest", "kwd_attrs"}
+)
+_OPERATOR_TYPES = tuple(
+    cls
+    for cls in vars(ast).values()
+    if isinstance(cls, type)
+    and issubclass(cls, ast.expr_context | ast.operator | ast.unaryop | ast.cmpop | ast.boolop)
+)
+_OPERATOR_FIELDS = frozenset({"ctx", "op", "ops"})
+
+
+@functools.cache
+def _child_fields(*, want_operators: bool) -> dict[type[ast.AST], tuple[str, ...]]:
+    """Node class -> the fields that may hold child nodes worth walking into.
+
+    Operators and contexts (`Load`, `Add`, `Eq`) are skipped unless a rule visits them.
+    """
+    table: dict[type[ast.AST], tuple[str, ...]] = {}
+    for cls in vars(ast).values():
+        if not (isinstance(cls, type) and issubclass(cls, ast.AST)):
+            continue
+        fields = tuple(
+            f
+            for f in cls._fields
+            if f not in _SCALAR_FIELDS and (want_operators or f not in _OPERATOR_FIELDS)
+        )
+        table[cls] = () if issubclass(cls, ast.Constant) else fields
+    return table
 
 
 # -- suppression ----------------------------------------------------------------------

@@ -61,7 +61,10 @@ def load_source(path: Path, data: bytes | None = None) -> Source:
     try:
         return Source(path, data, decode_source(data))
     except (UnicodeDecodeError, SyntaxError, LookupError) as exc:
-        return Source(path, data, error=syntax_error_finding(f"cannot decode file: {exc}"))
+        reason = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        if not reason.startswith("unknown encoding"):
+            reason = f"not UTF-8 and no `# coding:` line says otherwise ({reason})"
+        return Source(path, data, error=syntax_error_finding(f"cannot decode file: {reason}"))
 
 
 def run_check(

@@ -1,0 +1,142 @@
+"""`[tool.torchdoctor]` in pyproject.toml and the command-line flags that override it."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.check.conftest import CLI, LOAD, write
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.engine import check_source
+from torchdoctor.check.rule import Rule
+from torchdoctor.check.rules.td402_load_without_map_location import LoadWithoutMapLocation
+
+
+def codes(td: CLI, *args: str) -> list[tuple[str, str]]:
+    run = td("check", "--no-cache", "--format", "json", *args)
+    assert run.code in (0, 1), run.err
+    return sorted((Path(i["filename"]).as_posix(), i["code"]) for i in json.loads(run.out))
+
+
+def test_config_is_found_walking_up_from_the_checked_path(td: CLI, project: Path) -> None:
+    write(project / "pyproject.toml", '[tool.torchdoctor]\nignore = ["TD402"]\n')
+    write(project / "src" / "pkg" / "a.py", LOAD)
+    assert codes(td, "--select", "TD402", "src/pkg") == [("src/pkg/a.py", "TD402")]
+    assert codes(td, "src/pkg") == []  # ignore from the config, found two folders up
+    assert codes(td, "--isolated", "--select", "TD402", "src/pkg/a.py") != []
+
+
+def test_a_pyproject_without_our_table_is_skipped(td: CLI, project: Path) -> None:
+    write(project / "pyproject.toml", '[tool.torchdoctor]\nselect = ["TD101"]\n')
+    write(project / "sub" / "pyproject.toml", "[project]\nname = 'sub'\n")
+    write(project / "sub" / "a.py", LOAD)
+    assert codes(td, "sub") == []  # select = TD101 from the outer file
+
+
+def test_explicit_config_file_and_missing_one(td: CLI, project: Path) -> None:
+    write(project / "conf" / "custom.toml", '[tool.torchdoctor]\nselect = ["TD402"]\n')
+    write(project / "a.py", LOAD)
+    assert codes(td, "--config", "conf/custom.toml", "a.py") == [("a.py", "TD402")]
+    run = td("check", "--config", "nope.toml", "a.py")
+    assert run.code == 2 and "nope.toml: no such file" in run.err
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('selekt = ["TD4"]', "unknown key(s) in [tool.torchdoctor]: selekt"),
+        ('select = ["TD999"]', "unknown rule code or prefix 'TD999'"),
+        ('ignore = ["XX1"]', "unknown rule code or prefix 'XX1'"),
+        ('select = "TD402"', "'select' must be a list of rule codes"),
+        ('per-file-ignores = {"a.py" = ["TD999"]}', "per-file-ignores 'a.py'"),
+        ('target-version = "two"', "is not a torch version"),
+        ('force-exclude = "yes"', "'force-exclude' must be true or false"),
+        ("select = [", "is not valid TOML"),
+    ],
+)
+def test_bad_config_is_a_one_line_error_with_exit_2(
+    td: CLI, project: Path, table: str, message: str
+) -> None:
+    write(project / "pyproject.toml", f"[tool.torchdoctor]\n{table}\n")
+    write(project / "a.py", LOAD)
+    run = td("check", "a.py")
+    assert run.code == 2
+    assert run.out == ""
+    first = run.err.splitlines()[0]
+    assert first.startswith("torchdoctor: error: ") and message in first, run.err
+    assert "Traceback" not in run.err
+
+
+@pytest.mark.parametrize("flag", ["--select", "--ignore", "--extend-select"])
+def test_unknown_code_on_the_command_line_exits_2(td: CLI, project: Path, flag: str) -> None:
+    write(project / "a.py", LOAD)
+    run = td("check", flag, "TD4O2", "a.py")
+    assert run.code == 2
+    assert "unknown rule code or prefix 'TD4O2'" in run.err
+
+
+def test_selection_by_prefix_and_cli_overrides_config(td: CLI, project: Path) -> None:
+    write(project / "pyproject.toml", '[tool.torchdoctor]\nselect = ["TD1"]\n')
+    write(project / "a.py", LOAD)
+    assert codes(td, "a.py") == []  # TD402 is not in TD1
+    assert codes(td, "--select", "TD4", "a.py") == [("a.py", "TD402")]
+    assert codes(td, "--extend-select", "TD40", "a.py") == [("a.py", "TD402")]
+    assert codes(td, "--select", "td402", "--ignore", "TD4", "a.py") == []
+    assert ("a.py", "TD402") in codes(td, "--select", "ALL", "a.py")
+
+
+def test_per_file_ignores_from_config_and_command_line(td: CLI, project: Path) -> None:
+    write(
+        project / "pyproject.toml",
+        '[tool.torchdoctor]\nselect = ["TD402"]\n'
+        '[tool.torchdoctor.per-file-ignores]\n"tests/*" = ["TD4"]\n"conftest.py" = "TD402"\n',
+    )
+    for name in ("tests/test_a.py", "src/a.py", "src/conftest.py"):
+        write(project / name, LOAD)
+    assert codes(td, ".") == [("src/a.py", "TD402")]
+    # --per-file-ignores replaces the configured table
+    assert codes(td, ".", "--per-file-ignores", "src/*:TD402") == [("tests/test_a.py", "TD402")]
+    run = td("check", ".", "--per-file-ignores", "src/*")
+    assert run.code == 2 and "expected GLOB:CODES" in run.err
+
+
+def test_extend_ignore_and_extend_exclude_keys(td: CLI, project: Path) -> None:
+    write(
+        project / "pyproject.toml",
+        '[tool.torchdoctor]\nselect = ["TD4"]\nextend-ignore = ["TD402"]\n',
+    )
+    write(project / "a.py", LOAD)
+    assert codes(td, "a.py") == []
+
+
+def test_target_version_reaches_rules_through_file_context(
+    td: CLI, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[int, int] | None] = []
+
+    def visit(self: Rule, node: ast.AST) -> None:
+        seen.append(self.ctx.target_version)
+
+    monkeypatch.setattr(LoadWithoutMapLocation, "visit", visit)
+    write(project / "a.py", LOAD)
+    write(project / "pyproject.toml", '[tool.torchdoctor]\ntarget-version = "2.1"\n')
+    td("check", "--select", "TD402", "--no-cache", "-j1", "a.py")
+    td("check", "--select", "TD402", "--no-cache", "-j1", "--target-version", "2.4.1", "a.py")
+    td("check", "--select", "TD402", "--no-cache", "-j1", "--isolated", "a.py")
+    assert seen == [(2, 1), (2, 4), None]
+    run = td("check", "--target-version", "latest", "a.py")
+    assert run.code == 2 and "--target-version: target-version 'latest'" in run.err
+
+
+def test_targets_torch_at_least() -> None:
+    tree = ast.parse("x = 1")
+    from torchdoctor.check.project import ProjectIndex
+
+    ctx = FileContext("a.py", "x = 1", tree, ProjectIndex(), target_version=(2, 4))
+    assert ctx.targets_torch_at_least(2, 4) and ctx.targets_torch_at_least(1, 13)
+    assert not ctx.targets_torch_at_least(2, 5)
+    assert not FileContext("a.py", "", tree, ProjectIndex()).targets_torch_at_least(1, 0)
+    assert check_source("x = 1", "a.py", [], target_version=(2, 0)) == []

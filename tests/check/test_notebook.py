@@ -1,0 +1,188 @@
+"""Notebooks: code cells as one module, `cell N` locations, --fix writing the JSON back."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.check.conftest import CLI, write
+from torchdoctor.check.notebook import CELL_BREAK, cell_codes, read_notebook, write_notebook
+
+
+def code_cell(source: list[str], outputs: list[Any] | None = None, count: int = 1) -> Any:
+    return {
+        "cell_type": "code",
+        "execution_count": count,
+        "id": f"cell-{count}",
+        "metadata": {"scrolled": True},
+        "outputs": outputs or [],
+        "source": source,
+    }
+
+
+def notebook() -> dict[str, Any]:
+    return {
+        "cells": [
+            {"cell_type": "markdown", "id": "md", "metadata": {}, "source": ["# Träining\n"]},
+            code_cell(["%matplotlib inline\n", "import torch\n", "!pip install -q tqdm\n"]),
+            code_cell(
+                ["torch.load?\n", 'state = torch.load("ckpt.pt")\n', "print(state)"],
+                outputs=[
+                    {
+                        "name": "stdout",
+                        "output_type": "stream",
+                        "text": ["{'w': tensor([1.])}\n"],
+                    },
+                    {
+                        "data": {"image/png": "iVBORw0KGgo=", "text/plain": ["<Figure>"]},
+                        "metadata": {"needs_background": "light"},
+                        "output_type": "display_data",
+                    },
+                ],
+                count=2,
+            ),
+            code_cell(["%%time\n", 'x = torch.load("not python? not checked")\n'], count=3),
+            code_cell(
+                [
+                    "for path in paths:\n",
+                    "    %time w = torch.load(path)\n",
+                    "    w = torch.load(path)\n",
+                ],
+                count=4,
+            ),
+            {"cell_type": "raw", "id": "raw", "metadata": {}, "source": "torch.load('raw')"},
+        ],
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python", "version": "3.11.7"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+def nbformat_text(data: dict[str, Any]) -> str:
+    """How Jupyter writes a notebook (nbformat.writes: indent 1, sorted keys, raw UTF-8)."""
+    return json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def test_virtual_module_keeps_line_numbers_and_blanks_ipython_syntax() -> None:
+    nb = read_notebook(nbformat_text(notebook()))
+    lines = nb.source.split("\n")
+    # a cell's final newline gives it an empty last line, as in the cell itself
+    assert lines[:5] == ["pass", "import torch", "pass", "", CELL_BREAK]
+    assert lines[5:9] == ["pass", 'state = torch.load("ckpt.pt")', "print(state)", CELL_BREAK]
+    assert lines[9:13] == ["", "", "", CELL_BREAK]  # the %%time cell, blanked whole
+    assert lines[13:18] == [
+        "for path in paths:",
+        "    pass",
+        "    w = torch.load(path)",
+        "",
+        CELL_BREAK,
+    ]
+    # virtual line -> (cell number counting every cell, line in that cell)
+    assert nb.cell_lines[6] == (3, 2)
+    assert nb.cell_lines[15] == (5, 3)
+    # unchanged code gives back each cell's exact source
+    assert cell_codes(nb, nb.source) == [c.code for c in nb.cells]
+
+
+def test_valid_python_cells_are_not_touched() -> None:
+    data = notebook()
+    data["cells"] = [code_cell(["total = (a\n", "         % b)\n"])]
+    nb = read_notebook(json.dumps(data))
+    assert nb.source == f"total = (a\n         % b)\n\n{CELL_BREAK}\n"
+
+
+def test_findings_report_cell_and_line(td: CLI, project: Path) -> None:
+    write(project / "train.ipynb", nbformat_text(notebook()))
+    run = td("check", "--select", "TD402", "--no-cache", "train.ipynb")
+    assert run.code == 1
+    lines = run.out.splitlines()
+    assert lines[0].startswith("train.ipynb:cell 3:2:9: TD402 ")
+    assert lines[2] == '2 | state = torch.load("ckpt.pt")'
+    assert any(line.startswith("train.ipynb:cell 5:3:9: TD402 ") for line in lines)
+    assert "3 |     w = torch.load(path)" in lines
+    items = json.loads(
+        td("check", "--select", "TD402", "--no-cache", "--format", "json", "train.ipynb").out
+    )
+    assert [(i["cell"], i["line"], i["column"]) for i in items] == [(3, 2, 9), (5, 3, 9)]
+    assert items[0]["fix"]["edits"][0]["location"] == {"row": 2, "column": 29}
+    github = td("check", "--select", "TD402", "--no-cache", "--format", "github", "train.ipynb")
+    assert github.out.splitlines()[0].startswith(
+        "::warning file=train.ipynb,title=TD402::cell 3, line 2, column 9: `torch.load`"
+    )
+
+
+def test_fix_writes_only_the_changed_cells_back(td: CLI, project: Path) -> None:
+    original = notebook()
+    path = write(project / "train.ipynb", nbformat_text(original))
+    before = path.read_text(encoding="utf-8")
+    run = td("check", "--select", "TD402", "--no-cache", "--fix", "train.ipynb")
+    assert run.code == 0, run.out
+    assert "Fixed 2 findings." in run.out
+    after = path.read_text(encoding="utf-8")
+
+    expected = copy.deepcopy(original)
+    expected["cells"][2]["source"][1] = 'state = torch.load("ckpt.pt", map_location="cpu")\n'
+    expected["cells"][4]["source"][2] = '    w = torch.load(path, map_location="cpu")\n'
+    assert json.loads(after) == expected  # outputs, metadata, magics, other cells intact
+    # byte for byte the layout Jupyter writes: only the two fixed lines differ
+    changed = [
+        (a, b) for a, b in zip(before.splitlines(), after.splitlines(), strict=True) if a != b
+    ]
+    assert changed == [
+        ('    "state = torch.load(\\"ckpt.pt\\")\\n",',
+         '    "state = torch.load(\\"ckpt.pt\\", map_location=\\"cpu\\")\\n",'),
+        ('    "    w = torch.load(path)\\n"',
+         '    "    w = torch.load(path, map_location=\\"cpu\\")\\n"'),
+    ]  # fmt: skip
+    assert not list(project.glob(".train.ipynb.*"))  # no temp file left behind
+    again = td("check", "--select", "TD402", "--no-cache", "train.ipynb")
+    assert again.code == 0
+
+
+def test_diff_shows_cells_and_writes_nothing(td: CLI, project: Path) -> None:
+    path = write(project / "train.ipynb", nbformat_text(notebook()))
+    before = path.read_bytes()
+    run = td("check", "--select", "TD402", "--no-cache", "--diff", "train.ipynb")
+    assert run.code == 1
+    assert "--- a/train.ipynb:cell 3\n+++ b/train.ipynb:cell 3\n" in run.out
+    assert '+state = torch.load("ckpt.pt", map_location="cpu")\n' in run.out
+    assert "--- a/train.ipynb:cell 5\n" in run.out
+    assert path.read_bytes() == before
+
+
+def test_broken_notebook_is_td001_and_the_run_goes_on(td: CLI, project: Path) -> None:
+    write(project / "broken.ipynb", '{"cells": [')
+    write(project / "not_a_notebook.ipynb", "[1, 2]")
+    write(project / "a.py", "import torch\ntorch.load('x')\n")
+    run = td("check", "--select", "TD402", "--no-cache", "--format", "concise", ".")
+    assert run.code == 1
+    out = run.out.splitlines()
+    assert out[0] == "a.py:2:1: " + out[0].split(": ", 1)[1]
+    assert any(line.startswith("broken.ipynb:1:1: TD001 not valid notebook JSON") for line in out)
+    assert any(line.startswith("not_a_notebook.ipynb:1:1: TD001 not a Jupyter") for line in out)
+
+
+def test_syntax_error_in_a_cell_points_at_the_cell(td: CLI, project: Path) -> None:
+    data = notebook()
+    data["cells"][4]["source"] = ["def f(:\n", "    pass\n"]
+    write(project / "nb.ipynb", json.dumps(data))
+    run = td("check", "--no-cache", "--format", "concise", "nb.ipynb")
+    assert "nb.ipynb:cell 5:1:7: TD001 SyntaxError" in run.out
+
+
+def test_write_notebook_keeps_string_sources_and_minified_layout() -> None:
+    data = {
+        "cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "source": "a = 1\nb = 2"}],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    nb = read_notebook(json.dumps(data))
+    text = write_notebook(nb, nb.source.replace("b = 2", "b = 3"))
+    assert json.loads(text)["cells"][0]["source"] == "a = 1\nb = 3"
+    assert "\n" not in text  # written as compactly as it was read
