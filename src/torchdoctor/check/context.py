@@ -219,7 +219,7 @@ class FileContext:
         if end_col is None:
             end_col = col
         noqa = {line, end_line}
-        # A `# noqa` on the first or last line of the enclosing simple statement counts.
+        # A noqa comment on the first or last line of the enclosing simple statement counts.
         for anc in reversed([*self.stack, node]):
             if isinstance(anc, ast.stmt):
                 if _is_simple_statement(anc):

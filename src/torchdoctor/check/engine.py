@@ -34,7 +34,7 @@ __all__ = [
     "rules_for",
 ]
 
-# `# noqa`, `# noqa: TD101, TD204` (flake8 style; codes of other tools are ignored)
+# Suppression comments, flake8 style: "noqa" alone or "noqa: TD101, TD204" (other codes ignored)
 _NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
 _FILE_NOQA = re.compile(
     r"^\s*#\s*torchdoctor:\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?\s*$",
