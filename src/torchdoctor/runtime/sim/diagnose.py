@@ -35,6 +35,7 @@ class Culprit:
     created_in: str | None = None  # the function that created it: forward
     owner: Any = None  # the module holding it, if any
     registered: bool = True  # False: held by a module the model does not register
+    made_in_module: bool = False  # a local (not an argument) of a module's method
 
 
 @dataclass
@@ -204,12 +205,38 @@ def _name_operand(
             if name == "self" or not isinstance(value, Tensor):
                 continue
             if _storage(value) is storage:
-                where = f"{frame.f_code.co_name}() at {_short(frame.f_code.co_filename)}"
+                code = frame.f_code
+                where = f"{code.co_name}() at {_short(code.co_filename)}"
+                arguments = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
                 culprit.name = name
                 culprit.kind = f"local variable in {where}"
+                culprit.made_in_module = name not in arguments and isinstance(
+                    frame.f_locals.get("self"), Module
+                )
+                if culprit.made_in_module and culprit.created is None:
+                    line = _assignment_line(frame, name)
+                    if line is not None:
+                        culprit.created = f"assigned at {_short(code.co_filename)}:{line}"
                 return culprit
-    culprit.name = f"argument {op.name!r}"
+    culprit.name = f"`{op.name}` (an intermediate tensor)"
+    culprit.kind = "operand of the failing call"
     return culprit
+
+
+def _assignment_line(frame: FrameType, name: str) -> int | None:
+    """The first line of the frame's function that assigns `name` (`noise = ...`)."""
+    import inspect
+    import re
+
+    try:
+        lines, start = inspect.getsourcelines(frame.f_code)
+    except (OSError, TypeError):
+        return None
+    pattern = re.compile(rf"^\s*{re.escape(name)}\s*(:[^=]*)?=[^=]")
+    for offset, text in enumerate(lines):
+        if pattern.match(text):
+            return start + offset
+    return None
 
 
 def _hint_and_code(
@@ -232,6 +259,13 @@ def _hint_and_code(
     stray = _stray(named)
     if stray is None:
         return "TD120", "move every operand to the same device"
+    if all(c.device != "cpu" for c in named) and len(named) > 1:
+        others = [c.device for c in named if c is not stray]
+        return "TD120", (
+            f"{stray.name} is on {stray.device} but the call runs on {others[0]}: move it "
+            f"with .to('{others[0]}')"
+        )
+
     if stray.kind.startswith("plain tensor attribute"):
         return "TD104", (
             f"{stray.name} is a plain tensor attribute, which model.to() does not move: "
@@ -248,11 +282,12 @@ def _hint_and_code(
             "before using it"
         )
     made_by_factory = bool(stray.created and stray.created.startswith("created"))
-    if made_by_factory and (stray.created_in or "").startswith("forward"):
+    if stray.made_in_module or (made_by_factory and (stray.created_in or "").startswith("forward")):
         return "TD103", (
-            f"{stray.name} is created without device=: pass device=<input>.device "
-            "(or register a buffer)"
+            f"{stray.name} is created inside the model without device=: pass "
+            "device=<input>.device to the factory (or make it a registered buffer)"
         )
+
     others = [c.device for c in named if c is not stray]
     target = others[0] if others else "the model's device"
     return "TD112", f"move {stray.name} to {target} with .to(device) before this call"

@@ -34,6 +34,7 @@ from torchdoctor.runtime.sim.devices import (
     tag_of,
 )
 from torchdoctor.runtime.sim.frames import user_site
+from torchdoctor.runtime.sim.opaque import call_opaque
 
 if TYPE_CHECKING:
     from torchdoctor.runtime.sim.session import Simulation
@@ -881,10 +882,12 @@ class Patches:
         vf = torch._VF
         session = self.session
 
-        def check(inp: Tensor, hiddens: list[Any], params: list[Any]) -> None:
+        def check(inp: Tensor, hiddens: list[Any], params: list[Any]) -> Any:
+            """The input's device, once hidden state and parameters agree (rule 6)."""
             dev = rules.operand_device(inp, tag_of(inp))
             if dev is WILD:
-                return
+                return dev
+
             for what, group in (("hidden", hiddens), ("parameter", params)):
                 for t in group:
                     if not isinstance(t, Tensor):
@@ -903,9 +906,11 @@ class Patches:
                         ),
                         op=None,
                     )
-                    return
+                    return dev  # keep-going: run it on the input's device
+            return dev
 
         def wrap(name: str) -> Callable[..., Any]:
+
             real = getattr(vf, name)
 
             def rnn(*args: Any, **kwargs: Any) -> Any:
@@ -913,8 +918,11 @@ class Patches:
                 packed = len(args) > 3 and isinstance(args[3], (list, tuple))
                 hx, params = (args[2], args[3]) if packed else (args[1], args[2])
                 hiddens = list(hx) if isinstance(hx, (list, tuple)) else [hx]
-                check(args[0], hiddens, list(params))
-                return real(*args, **kwargs)
+                device = check(args[0], hiddens, list(params))
+                if kwargs or device is WILD:
+                    return real(*args, **kwargs)
+                # checked: nothing inside can mix devices, so skip the per-op checks
+                return call_opaque(real, args, device, cpu_args=(1,) if packed else ())
 
             return rnn
 
