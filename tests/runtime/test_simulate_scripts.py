@@ -87,9 +87,12 @@ def test_keep_going_records_each_distinct_error_once() -> None:
     script = HERE / "bugs" / "eval_batch_on_cpu.py"
     report = io.StringIO()
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        with td.simulate("cuda", keep_going=True, report=report) as sim:
-            runpy.run_path(str(script), run_name="__main__")
+    with (
+        contextlib.redirect_stdout(out),
+        td.simulate("cuda", keep_going=True, report=report) as sim,
+    ):
+        runpy.run_path(str(script), run_name="__main__")
+
     assert out.getvalue().startswith("accuracy")  # the program ran to its end
     assert [d.code for d in sim.errors] == ["TD112"]
     assert sim.records[sim.errors[0].key][1] == 2  # two validation batches, one error
