@@ -7,6 +7,7 @@ import contextlib
 import difflib
 import io
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,7 +174,7 @@ def run_check_command(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in raw_paths] or [Path(".")]
     if not use_stdin:
         for path in paths:
-            if not path.exists():
+            if not os.path.lexists(path):  # a looping link exists, and is reported per file
                 raise UsageError(f"{path}: no such file or folder")
     anchor = (args.stdin_filename or Path(".")) if use_stdin else paths[0]
     settings = _settings(args, anchor)

@@ -106,7 +106,9 @@ def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
         return walk_ignore is not None and walk_ignore.ignored(entry.absolute(), is_dir=is_dir)
 
     for path in paths:
-        if path.is_file():
+        # anything named that is not a folder (a file, a FIFO, a looping link) is read,
+        # and reading reports what is wrong with it
+        if not path.is_dir():
             if settings.force_exclude and (
                 settings.is_excluded(path)
                 or (gitignore is not None and _ignored_with_parents(gitignore, path))

@@ -7,6 +7,7 @@ any rule runs), answers what it can from the cache, hands the rest to
 
 from __future__ import annotations
 
+import stat
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ def load_source(path: Path, data: bytes | None = None) -> Source:
     """Read and decode one file (or the given bytes); problems become a TD001 finding."""
     if data is None:
         try:
+            # a named pipe with no writer would block the whole run forever on read
+            if not stat.S_ISREG(path.stat().st_mode):
+                reason = "not a regular file (a named pipe, socket or device)"
+                return Source(path, error=syntax_error_finding(f"cannot read file: {reason}"))
             data = path.read_bytes()
         except OSError as exc:
             reason = exc.strerror or str(exc)
