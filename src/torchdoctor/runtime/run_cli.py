@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from torchdoctor.errors import UsageError
+from torchdoctor.runtime import simulate_cli
 
 
 def register(subparsers: Any) -> None:
@@ -47,11 +48,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="keep the guard's checks on for the first N steps (default 100)",
     )
+    simulate_cli.add_options(parser)
 
 
 def build_contexts(args: argparse.Namespace) -> list[AbstractContextManager[Any]]:
     """Context managers to enter around the program, from the options above."""
-    return []
+    return [*simulate_cli.contexts(args)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         "guard_steps": args.guard_steps,
     }
     if args.module:
-        return run_module(args.module, program, **options)
+        return simulate_cli.exit_code(args, run_module(args.module, program, **options))
     if not program:
         raise UsageError("nothing to run", fix="torchdoctor run script.py [args ...]")
-    return run_script(program[0], program[1:], **options)
+    return simulate_cli.exit_code(args, run_script(program[0], program[1:], **options))
