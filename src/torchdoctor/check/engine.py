@@ -134,7 +134,9 @@ def check_source(
             )
         ]
     except (ValueError, MemoryError, RecursionError) as exc:
-        return [syntax_error_finding(f"cannot parse: {exc}; the file was not checked")]
+        # the parser's stack overflow is a MemoryError with no message
+        reason = str(exc) or f"{type(exc).__name__} (nested too deeply for the parser?)"
+        return [syntax_error_finding(f"cannot parse: {reason}; the file was not checked")]
     project = project if project is not None else ProjectIndex.build([source])
     ctx = FileContext(path, source, tree, project, target_version=target_version)
     active = [
@@ -196,25 +198,28 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
                 walk(value)
         stack.pop()
 
-    if dispatch:
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(limit, 20_000))
-        try:
-            walk(ctx.tree)
-        except RecursionError:
-            stack.clear()
-            ctx.findings.append(
-                syntax_error_finding("the file is nested too deeply to check; it was skipped")
-            )
-        finally:
-            sys.setrecursionlimit(limit)
-    for rule in active:
-        if rule.code in broken:
-            continue
-        try:
-            rule.finish()
-        except Exception as exc:
-            fail(rule, exc, None)
+    # The walk and the rules' own analyses in finish() recurse over the tree: any tree
+    # the parser accepts (at the default limit) fits in this one.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))
+    try:
+        if dispatch:
+            try:
+                walk(ctx.tree)
+            except RecursionError:
+                stack.clear()
+                ctx.findings.append(
+                    syntax_error_finding("the file is nested too deeply to check; it was skipped")
+                )
+        for rule in active:
+            if rule.code in broken:
+                continue
+            try:
+                rule.finish()
+            except Exception as exc:
+                fail(rule, exc, None)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 # Fields that never hold a node: names, numbers, flags.
