@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.context import child_statements
+from torchdoctor.check.project import KNOWN_MODULE_BASES
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -207,6 +208,7 @@ class Move:
     before: Value
     after: Value
     dropped: bool  # the result was not used (an expression statement)
+    dtype_only: bool = False  # `.to(torch.float16)`: a conversion, not a move
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,11 @@ class CallSite:
 
 
 # -- vocabularies -----------------------------------------------------------------------
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
 
 FACTORIES = frozenset(
     {
@@ -496,6 +503,21 @@ DATA_PARALLEL = frozenset(
     }
 )
 _NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode"})
+# torch.nn layers that own parameters or buffers.
+_LAYERS = """
+    Linear Bilinear LazyLinear Conv1d Conv2d Conv3d ConvTranspose1d ConvTranspose2d
+    ConvTranspose3d LazyConv1d LazyConv2d LazyConv3d BatchNorm1d BatchNorm2d BatchNorm3d
+    SyncBatchNorm LayerNorm GroupNorm RMSNorm LocalResponseNorm Embedding EmbeddingBag RNN
+    LSTM GRU RNNCell LSTMCell GRUCell MultiheadAttention Transformer TransformerEncoder
+    TransformerDecoder TransformerEncoderLayer TransformerDecoderLayer PReLU
+"""
+PARAMETRISED_LAYERS = frozenset(_LAYERS.split())
+# Objects that hold a target device (`args.device`, `self.device`, `model.device`);
+# `x.device` of any other unknown `x` is wherever `x` happens to be.
+_DEVICE_HOLDERS = _words(
+    """self args cfg config conf opt opts options hparams params accelerator fabric trainer
+    model module net pl_module state settings hps"""
+)
 _NON_MODULE_NN = frozenset(
     {"Parameter", "ParameterList", "ParameterDict", "UninitializedParameter"}
 )
@@ -584,11 +606,39 @@ class FileFlow:
         return self._methods.get(cls, {})
 
     def is_module_class(self, cls: ast.ClassDef) -> bool:
+        """Whether `cls` subclasses nn.Module, judged by its own bases.
+
+        Stricter than the project index: a class of the same name elsewhere in the
+        project does not make a base-less `class MyModule:` a module.
+        """
         known = self._module_classes.get(cls)
         if known is None:
-            known = self.ctx.is_module_class(cls)
+            self._module_classes[cls] = False  # guards against cyclic bases
+            known = any(self._is_module_base(base) for base in cls.bases)
             self._module_classes[cls] = known
         return known
+
+    def _is_module_base(self, base: ast.expr) -> bool:
+        if isinstance(base, ast.Subscript):
+            base = base.value  # Generic[...] style bases
+        qual = self.ctx.qualname(base)
+        return qual is not None and self.is_module_class_name(qual)
+
+    def is_module_class_name(self, qual: str) -> bool:
+        """Whether a class name, resolved through this file's imports, is an nn.Module."""
+        last = qual.rsplit(".", 1)[-1]
+        if not last[:1].isupper() or last in _NON_MODULE_NN:
+            return False
+        if qual.startswith("torch."):
+            return qual.startswith("torch.nn.") and "functional" not in qual
+        local = self._classes.get(qual)
+        if local is not None:
+            return self.is_module_class(local)
+        if last in KNOWN_MODULE_BASES:
+            return True
+        if qual.startswith(("numpy.", "np.", "tensorflow.", "keras.", "jax.", "flax.")):
+            return False
+        return last in self.project.module_classes
 
     def is_forward(self, func: AnyFunction) -> bool:
         """`forward` of an nn.Module subclass."""
@@ -815,10 +865,10 @@ class FileFlow:
                 continue
             for i, value in enumerate(fact.args):
                 if i < len(names):
-                    env[names[i]] = value
+                    env[names[i]] = _as_parameter(names[i], value)
             for key, value in fact.keywords:
                 if key in names or key in kwonly:
-                    env[key] = value
+                    env[key] = _as_parameter(key, value)
             out.append(env)
         return out
 
@@ -867,7 +917,14 @@ class FileFlow:
             if key in values:
                 values[key] = value
         # parameters not passed take their defaults: unknown
-        return values
+        return {k: _as_parameter(k, v) for k, v in values.items()}
+
+
+def _as_parameter(param: str, value: Value) -> Value:
+    """A caller's loader seen inside the callee: named as the parameter, alias the caller's."""
+    if value.kind is Kind.LOADER and value.name and value.name != param:
+        return dataclasses.replace(value, name=param, alias=value.alias or value.name)
+    return value
 
 
 def _join_seeds(a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
@@ -943,6 +1000,7 @@ class ScopeFlow:
         self.moves: list[Move] = []
         self.calls: list[CallSite] = []
         self._method_calls: dict[str, list[ast.Call]] = {}
+        self._named_calls: dict[str, list[ast.Call]] = {}
         self.exit_env: Env = {}
         self.returned: Value | None = None
         self.moved_origins: set[tuple[str, int]] = set()  # batches moved here (name, line)
@@ -978,7 +1036,12 @@ class ScopeFlow:
         return list(self._mismatches.values())
 
     def method_calls(self, name: str) -> list[ast.Call]:
+        """Every `x.name(...)` call evaluated in the scope, in evaluation order."""
         return self._method_calls.get(name, [])
+
+    def calls_named(self, name: str) -> list[ast.Call]:
+        """Every `name(...)` or `x.name(...)` call evaluated in the scope."""
+        return self._named_calls.get(name, [])
 
     # -- driver ----------------------------------------------------------------------------
     def _reads_globals(self) -> bool:
@@ -1627,7 +1690,9 @@ class ScopeFlow:
         recv: Value | None = None
         if isinstance(func, ast.Attribute):
             recv = self.eval(func.value)
-            self._method_calls.setdefault(func.attr, []).append(node)
+            if self._recording:
+                self._method_calls.setdefault(func.attr, []).append(node)
+                self._named_calls.setdefault(func.attr, []).append(node)
             callee = UNKNOWN
             key = dotted(func)
             if key is not None and self.env is not None and key in self.env:
@@ -1638,6 +1703,8 @@ class ScopeFlow:
                     callee = self.globals[key]
         else:
             callee = self.eval(func)
+            if self._recording and isinstance(func, ast.Name):
+                self._named_calls.setdefault(func.id, []).append(node)
         args: list[Value] = []
         opaque = False
         for arg in node.args:
@@ -1780,7 +1847,7 @@ class ScopeFlow:
             if moved is None:
                 moved = next((v for _, v in keywords if v.place is Place.DEVICE), None)
             if moved is None:
-                if callee.kind is Kind.MODULE and self._no_grad == 0 and not callee.is_input:
+                if self._no_grad == 0 and _trainable(callee):
                     # a module's output requires grad, wherever it is
                     return Value(
                         Kind.TENSOR,
@@ -1799,7 +1866,7 @@ class ScopeFlow:
             line=node.lineno,
             device=device,
             device_line=device_line,
-            grad=self._no_grad == 0 and callee.kind is Kind.MODULE and not callee.is_input,
+            grad=self._no_grad == 0 and _trainable(callee),
             assumed=assumed,
             is_input=is_input,
             output=True,
@@ -1935,9 +2002,12 @@ class ScopeFlow:
             return result
         if method in PRESERVING_METHODS:
             reshaping = method in ("view", "reshape", "unsqueeze", "expand", "repeat")
+            kind = _tensor_kind(recv)
+            if recv.kind is Kind.PARAMETER and method in DTYPE_NAMES:
+                kind = Kind.PARAMETER  # `.float()` of a float32 parameter returns itself
             return dataclasses.replace(
                 recv,
-                kind=_tensor_kind(recv),
+                kind=kind,
                 grad=recv.grad or method == "requires_grad_",
                 scalar=False if reshaping else recv.scalar,
                 output=False,
@@ -1959,9 +2029,13 @@ class ScopeFlow:
             # a dtype conversion: same place
             if recv.kind is Kind.MODULE:
                 return recv
+            converted: Value | None = None
             if recv.kind in _TENSOR_KINDS and recv.place is not Place.UNKNOWN:
-                return dataclasses.replace(recv, kind=_tensor_kind(recv), output=False)
-            return None
+                converted = dataclasses.replace(recv, kind=_tensor_kind(recv), output=False)
+            if self._recording and recv.kind is not Kind.UNKNOWN:
+                after = converted or recv
+                self.moves.append(Move(node, receiver, recv, after, statement, dtype_only=True))
+            return converted
         place, device_text = target
         kind = recv.kind
         if kind is Kind.PARAMETER:
@@ -2030,6 +2104,11 @@ class ScopeFlow:
             return held.place, held.device or f"{text}.device"
         if held.kind in (Kind.TENSOR, Kind.PARAMETER, Kind.BATCH, Kind.ARRAY):
             return None  # to(other tensor) of unknown place
+        if isinstance(target, ast.Attribute) and target.attr == "device":
+            base_value = self._peek(target.value)
+            last = (dotted(target.value) or "").rsplit(".", 1)[-1]
+            if base_value.kind is not Kind.MODULE and last not in _DEVICE_HOLDERS:
+                return Place.UNKNOWN, text  # wherever that tensor is
         qual = self.ctx.qualname(target) or ""
         if qual and is_dtype_text(qual):
             return None
@@ -2093,14 +2172,11 @@ class ScopeFlow:
         return None
 
     def _is_module_class(self, qual: str) -> bool:
-        last = qual.rsplit(".", 1)[-1]
-        if not last[:1].isupper() or last in _NON_MODULE_NN:
-            return False
-        if qual.startswith("torch.nn.") and qual.count(".") == 2:
-            return True
-        if "." in qual and qual.startswith(("torch.", "numpy.", "np.")):
-            return False
-        return last in self.ff.project.module_classes
+        if qual.startswith("torch.") and not (
+            qual.startswith("torch.nn.") and qual.count(".") == 2
+        ):
+            return False  # torch.nn.utils..., torch.optim...: not layers
+        return self.ff.is_module_class_name(qual)
 
     def _construct_module(
         self, node: ast.Call, qual: str, keywords: list[tuple[str | None, Value]]
@@ -2271,6 +2347,8 @@ class ScopeFlow:
             data = node.args[0] if node.args else None
             if last == "scalar_tensor":
                 scalar = True
+            elif isinstance(data, ast.List | ast.Tuple) and not data.elts:
+                scalar = True  # torch.tensor([]): an empty placeholder
             elif not isinstance(data, ast.List | ast.Tuple | ast.ListComp):
                 held = self.value(data) if data is not None and self._recording else UNKNOWN
                 if held is UNKNOWN and data is not None:
@@ -2281,22 +2359,15 @@ class ScopeFlow:
                     scalar = held.scalar
                 elif held.kind is not Kind.CONTAINER and held.kind is not Kind.ARRAY:
                     scalar = True  # a number, or not known to be a sequence
-            if last == "as_tensor" and place is Place.CPU and not scalar:
-                pass
-        elif (
-            node.args
-            and isinstance(node.args[0], ast.Tuple | ast.List)
-            and last
-            in (
-                "zeros",
-                "ones",
-                "empty",
-                "full",
-                "rand",
-                "randn",
-            )
-        ):
-            scalar = not node.args[0].elts  # shape ()
+        elif node.args and last in ("zeros", "ones", "empty", "full", "rand", "randn"):
+            shape = node.args[0]
+            if isinstance(shape, ast.Tuple | ast.List):
+                # shape (): 0-dim; shape [0]: an empty placeholder, never computed with
+                scalar = not shape.elts or (
+                    len(shape.elts) == 1 and _is_zero(shape.elts[0]) and len(node.args) == 1
+                )
+            elif _is_zero(shape) and len(node.args) == 1:
+                scalar = True
         return Value(
             Kind.TENSOR,
             place,
@@ -2390,6 +2461,13 @@ class ScopeFlow:
         return self.ctx.segment(node)
 
 
+def _trainable(module: Value) -> bool:
+    """A module known to have trainable parameters: its outputs require grad."""
+    if module.kind is not Kind.MODULE or module.is_input:
+        return False
+    return module.optimizer is not None or module.cls in PARAMETRISED_LAYERS
+
+
 def _tensor_kind(value: Value) -> Kind:
     return Kind.BATCH if value.kind is Kind.BATCH else Kind.TENSOR
 
@@ -2407,6 +2485,10 @@ def _container_add(container: Value, other: Value) -> Value:
     elif added is not None:
         element = join(element, added)
     return Value(Kind.CONTAINER, element.place if element else Place.UNKNOWN, element=element)
+
+
+def _is_zero(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value == 0 and not isinstance(node.value, bool)
 
 
 def _weaken(head: Env, entry: Env) -> Env:

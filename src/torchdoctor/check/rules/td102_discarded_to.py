@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import ast
+from typing import ClassVar
+
+from torchdoctor.check import flow
+from torchdoctor.check.flow import Kind, Move, ScopeFlow
+from torchdoctor.check.rule import FixAvailability, Rule, Severity
+
+# Tests that expect the move to fail drop its result on purpose.
+_EXPECTS_ERROR = ("assertRaises", "raises", "assertWarns", "warns")
+
+
+class DiscardedTo(Rule):
+    """`x.to(device)` as a statement on a tensor: `Tensor.to` is not in place.
+
+    ## What it does
+    Finds `x.to(...)`, `x.cuda()` and `x.cpu()` written as statements of their own,
+    whose result is dropped, when `x` is a tensor: a batch (or part of one) from a
+    `DataLoader`, a tensor made by a factory or computed from one, a parameter, or
+    an argument annotated `torch.Tensor`. `model.to(device)` on a module is fine
+    (`Module.to` moves the module in place) and is not reported.
+
+    ## Why is this bad?
+    `Tensor.to()` returns a *new* tensor and leaves `x` where it was. The line
+    looks like it moves the batch, but `x` stays on the CPU, and the next use
+    fails with `RuntimeError: Expected all tensors to be on the same device, but
+    found at least two devices, cuda:0 and cpu!` — or, for `x.to(torch.float16)`,
+    the computation silently stays in float32.
+
+    ## Example
+    ```python
+    for images, labels in loader:
+        images.to(device)
+        labels.to(device)
+        loss = criterion(model(images), labels)
+    ```
+
+    ## Use instead
+    ```python
+    for images, labels in loader:
+        images = images.to(device)
+        labels = labels.to(device)
+        loss = criterion(model(images), labels)
+    ```
+
+    ## Fix safety
+    The fix assigns the result back (`x = x.to(device)`); it is safe because the
+    statement had no other effect. No fix is offered when `x` is an element of a
+    container (`batch[0]`), which may be an immutable tuple.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.Tensor.to.html
+    - https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.to
+    """
+
+    code = "TD102"
+    name = "discarded-to"
+    category = "device"
+    severity = Severity.ERROR
+    fix_availability = FixAvailability.SAFE
+    triggers: ClassVar[tuple[str, ...]] = (".to(", ".cuda(", ".cpu(")
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
+
+    def finish(self) -> None:
+        ff = flow.file_flow(self.ctx)
+        for node in flow.scopes_with(ff, ".to(", ".cuda(", ".cpu("):
+            scope = ff.scope(node)
+            for move in scope.moves:
+                if move.dropped and self._is_tensor(move):
+                    self._report(scope, move)
+
+    @staticmethod
+    def _is_tensor(move: Move) -> bool:
+        if not isinstance(move.receiver, ast.Name | ast.Attribute | ast.Subscript):
+            return False
+        before = move.before
+        if before.kind in (Kind.TENSOR, Kind.PARAMETER):
+            return True
+        # parts of a batch are tensors; a whole batch may be an object moved in place
+        return before.kind is Kind.BATCH and (before.part or not before.assumed)
+
+    def _report(self, scope: ScopeFlow, move: Move) -> None:
+        if self._expects_error(scope, move.call):
+            return
+        receiver = self.ctx.segment(move.receiver)
+        call = " ".join(self.ctx.segment(move.call).split())
+        if move.dtype_only:
+            effect = "keeps its dtype"
+        else:
+            effect = "stays where it was"
+            if move.before.kind is Kind.BATCH:
+                effect = f"stays on the CPU (a batch from {move.before.describe_origin()})"
+        message = (
+            f"`{call}` does not change `{receiver}`: `Tensor.{_method(move)}` returns a new "
+            f"tensor and this statement drops it, so `{receiver}` {effect}"
+        )
+        fix = None
+        if isinstance(move.receiver, ast.Name | ast.Attribute):
+            fix = self.ctx.fix(
+                f"assign the result: `{receiver} = {call}`",
+                self.ctx.replace(move.call, f"{receiver} = {self.ctx.segment(move.call)}"),
+            )
+        self.report(move.call, message, fix=fix)
+
+    def _expects_error(self, scope: ScopeFlow, call: ast.Call) -> bool:
+        """Inside `with self.assertRaises(...)` / `pytest.raises(...)`."""
+        for node in ast.walk(scope.node):
+            if isinstance(node, ast.With | ast.AsyncWith):
+                names = [self.ctx.segment(item.context_expr) for item in node.items]
+                if any(w in n for n in names for w in _EXPECTS_ERROR):
+                    start, end = node.lineno, node.end_lineno or node.lineno
+                    if start <= call.lineno <= end:
+                        return True
+        return False
+
+
+def _method(move: Move) -> str:
+    func = move.call.func
+    return f"{func.attr}()" if isinstance(func, ast.Attribute) else "to()"

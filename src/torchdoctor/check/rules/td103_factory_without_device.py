@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import ast
+from typing import ClassVar
+
+from torchdoctor.check import flow
+from torchdoctor.check.flow import AnyFunction, Mismatch, ScopeFlow
+from torchdoctor.check.rule import Rule, Severity
+
+_LIKE_FORM = {
+    "zeros": "new_zeros",
+    "ones": "new_ones",
+    "empty": "new_empty",
+    "full": "new_full",
+    "tensor": "new_tensor",
+    "rand": "torch.rand_like",
+    "randn": "torch.randn_like",
+}
+
+
+class FactoryWithoutDevice(Rule):
+    """A tensor factory in `forward` with no `device=`: made on the CPU, meets GPU inputs.
+
+    ## What it does
+    Finds `torch.zeros/ones/empty/full/rand/randn/randint/arange/linspace/eye/tensor/…`
+    called without `device=` inside a module's `forward` (or a method `forward`
+    calls) whose result then meets the inputs, the module's parameters or
+    submodules: in arithmetic, `torch.cat`, a tensor method or a submodule call.
+    `*_like` and `x.new_*` factories take the device of their argument and are fine,
+    as are 0-dim scalars such as `torch.tensor(2.0)`, which mix with any device.
+
+    ## Why is this bad?
+    Without `device=`, a factory makes its tensor on the CPU. The model works on a
+    CPU and crashes as soon as it is moved to a GPU:
+    `RuntimeError: Expected all tensors to be on the same device, but found at
+    least two devices, cuda:0 and cpu!` (a position index, an attention mask, a
+    `[CLS]` token or an initial hidden state made in `forward`).
+
+    ## Example
+    ```python
+    def forward(self, x):
+        cls = torch.zeros(x.size(0), 1, x.size(2))
+        return torch.cat([cls, x], dim=1)
+    ```
+
+    ## Use instead
+    ```python
+    def forward(self, x):
+        cls = x.new_zeros(x.size(0), 1, x.size(2))  # or torch.zeros(..., device=x.device)
+        return torch.cat([cls, x], dim=1)
+    ```
+
+    ## References
+    - https://pytorch.org/docs/stable/notes/cuda.html#best-practices
+    - https://pytorch.org/docs/stable/tensor_creation_ops.html
+    """
+
+    code = "TD103"
+    name = "factory-without-device"
+    category = "device"
+    severity = Severity.ERROR
+    triggers: ClassVar[tuple[str, ...]] = ("forward",)
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
+
+    def finish(self) -> None:
+        ff = flow.file_flow(self.ctx)
+        for func in ff.functions():
+            cls = ff.class_of(func)
+            if cls is None or not ff.is_module_class(cls):
+                continue
+            if not ff.mentions(func, "torch.", *flow.FACTORIES):
+                continue
+            forward = ff.methods(cls).get("forward")
+            if forward is None:
+                continue
+            if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
+                continue
+            self._check(func, forward, ff.scope(func))
+
+    def _check(self, func: AnyFunction, forward: AnyFunction, scope: ScopeFlow) -> None:
+        reported: set[ast.AST] = set()
+        # results moved on the spot (`f(torch.arange(n)).to(x.device)`): done on purpose
+        moved_now = {id(m.receiver) for m in scope.moves if not m.dtype_only}
+        for m in sorted(scope.mismatches, key=lambda m: getattr(m.cpu.source, "lineno", 0)):
+            source = m.cpu.source
+            if not isinstance(source, ast.Call) or source in reported or m.cpu.assumed:
+                continue
+            if not _inside(source, func) or not m.other.is_input or id(m.site) in moved_now:
+                continue
+            qual = self.ctx.call_name(source) or ""
+            factory = qual.rsplit(".", 1)[-1]
+            if not qual.startswith("torch.") or factory not in flow.FACTORIES:
+                continue
+            reported.add(source)
+            self.report(source, self._message(func, forward, m, qual, factory))
+
+    def _message(
+        self, func: AnyFunction, forward: AnyFunction, m: Mismatch, qual: str, factory: str
+    ) -> str:
+        device = m.other.device if m.other.device.endswith(".device") else ""
+        if isinstance(m.other_node, ast.Name) and m.other.kind is not flow.Kind.MODULE:
+            device = f"{m.other_node.id}.device"  # the tensor it meets
+        if not device:
+            first = _first_input(forward if func is not forward else func)
+            device = f"{first}.device" if first else "x.device"
+        base = device.removesuffix(".device")
+        met = self.ctx.segment(m.other_node)
+        if len(met) > 40:
+            met = met[:37] + "..."
+        site = self.ctx.segment(m.site).split("(", 1)[0] if m.via != "operator" else "an operation"
+        where = f"`{site}`" if m.via != "operator" else site
+        if m.via == "module" and isinstance(m.site, ast.Call) and m.other_node is m.site.func:
+            meets = f"is passed to `{met}`"
+        else:
+            meets = f"meets `{met}` in {where}"
+        like = _LIKE_FORM.get(factory)
+        alternative = ""
+        if like is not None:
+            alternative = (
+                f" or `{like}(...)`" if like.startswith("torch.") else f" or `{base}.{like}(...)`"
+            )
+        return (
+            f"`{qual}(...)` has no `device=`: it is made on the CPU and {meets} (line "
+            f"{m.site.lineno}), which fails once the model is on a GPU; pass "  # type: ignore[attr-defined]
+            f"`device={device}`{alternative}"
+        )
+
+
+def _inside(node: ast.AST, func: AnyFunction) -> bool:
+    line = getattr(node, "lineno", 0)
+    return func.lineno <= line <= (func.end_lineno or func.lineno)
+
+
+def _first_input(func: AnyFunction) -> str:
+    params = [*func.args.posonlyargs, *func.args.args]
+    return params[1].arg if len(params) > 1 else ""

@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import ast
+import re
+from typing import ClassVar
+
+from torchdoctor.check import flow
+from torchdoctor.check.flow import AnyFunction, FileFlow, Kind, Place, ScopeFlow, Value
+from torchdoctor.check.rule import FixAvailability, Rule, Severity
+
+
+class UnregisteredTensor(Rule):
+    """A tensor kept as a plain attribute of a module: not a buffer, never moved.
+
+    ## What it does
+    Finds `self.name = <tensor>` in an `nn.Module`'s `__init__`, where the tensor is
+    made there (a factory, `torch.tensor([...])`, arithmetic on those) and is
+    neither an `nn.Parameter` nor registered with `register_buffer`, and that the
+    module's other methods (usually `forward`) use.
+
+    ## Why is this bad?
+    `model.to(device)`, `.cuda()` and `.half()` move and convert parameters and
+    buffers only. A plain tensor attribute stays on the CPU, so `forward` fails on
+    a GPU with `RuntimeError: Expected all tensors to be on the same device, but
+    found at least two devices, cuda:0 and cpu!` (positional encodings, masks,
+    normalisation constants, anchor grids). It is also missing from `state_dict()`.
+
+    ## Example
+    ```python
+    class PositionalEncoding(nn.Module):
+        def __init__(self, dim, max_len=512):
+            super().__init__()
+            self.pe = torch.zeros(max_len, dim)
+
+        def forward(self, x):
+            return x + self.pe[: x.size(1)]
+    ```
+
+    ## Use instead
+    ```python
+            self.register_buffer("pe", torch.zeros(max_len, dim), persistent=False)
+    ```
+    (`persistent=True`, the default, also saves it in the `state_dict`.)
+
+    ## Fix safety
+    The fix rewrites the assignment as `self.register_buffer("name", ..., persistent=False)`.
+    It is unsafe: the buffer now follows `.to()`, `.half()` and `.double()` (its dtype
+    may change with the module's), and code that replaces the attribute later with a
+    non-tensor would now raise.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.register_buffer
+    """
+
+    code = "TD104"
+    name = "unregistered-tensor"
+    category = "device"
+    severity = Severity.ERROR
+    fix_availability = FixAvailability.UNSAFE
+    triggers: ClassVar[tuple[str, ...]] = ("__init__",)
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
+
+    def finish(self) -> None:
+        ff = flow.file_flow(self.ctx)
+        for func in ff.functions():
+            if func.name != "__init__" or not ff.mentions(func, "torch", "tensor"):
+                continue
+            cls = ff.class_of(func)
+            if cls is None or not ff.is_module_class(cls):
+                continue
+            self._check(ff, cls, func, ff.scope(func))
+
+    def _check(self, ff: FileFlow, cls: ast.ClassDef, init: AnyFunction, scope: ScopeFlow) -> None:
+        me = scope.self_name
+        if not me:
+            return
+        others = [m for name, m in ff.methods(cls).items() if name != "__init__"]
+        class_text = ff.text(cls)
+        assigned_elsewhere: set[str] = set()
+        for method in others:
+            assigned_elsewhere |= ff.self_attrs_assigned(method)
+        if "*" in assigned_elsewhere:
+            return
+        seen: set[str] = set()
+        for stmt in ast.walk(init):
+            if not isinstance(stmt, ast.Assign | ast.AnnAssign) or stmt.value is None:
+                continue
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                if not (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == me
+                ):
+                    continue
+                attr = target.attr
+                first = attr not in seen
+                seen.add(attr)
+                value = scope.value(stmt.value)
+                if value.kind is not Kind.TENSOR or value.place is not Place.CPU:
+                    continue
+                if value.scalar or value.assumed or attr in assigned_elsewhere:
+                    continue
+                final = scope.exit_env.get(f"{me}.{attr}")
+                if final is None or final.kind is not Kind.TENSOR:
+                    continue  # wrapped in a Parameter or replaced later
+                if re.search(rf"register_buffer\(\s*['\"]{re.escape(attr)}['\"]", class_text):
+                    continue
+                user = _first_use(ff, others, attr, value)
+                if user is None:
+                    continue
+                self._report(stmt, target, attr, value.line, value.name, user, first)
+
+    def _report(
+        self,
+        stmt: ast.Assign | ast.AnnAssign,
+        target: ast.Attribute,
+        attr: str,
+        made_line: int,
+        made_by: str,
+        user: tuple[str, int],
+        first: bool,
+    ) -> None:
+        method, line = user
+        made = f"made at line {made_line}" + (f" by `{made_by}`" if made_by else "")
+        message = (
+            f"`self.{attr}` is a plain tensor attribute ({made}), not a buffer: "
+            f"`model.to(device)` leaves it on the CPU, where `{method}` uses it with tensors on "
+            f"the module's device (line {line}); "
+            f'register it with `self.register_buffer("{attr}", ..., persistent=False)`'
+        )
+        fix = None
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and first:
+            value = self.ctx.segment(stmt.value)
+            fix = self.ctx.fix(
+                f"register `{attr}` as a buffer (`persistent=False`)",
+                self.ctx.replace(
+                    stmt,
+                    f'{self.ctx.segment(target.value)}.register_buffer("{attr}", {value}, '
+                    "persistent=False)",
+                ),
+                safe=False,
+            )
+        self.report(target, message, fix=fix)
+
+
+def _first_use(
+    ff: FileFlow, methods: list[AnyFunction], attr: str, value: Value
+) -> tuple[str, int] | None:
+    """(method, line) where `self.attr` first meets a tensor on the module's device."""
+    ordered = sorted(methods, key=lambda m: (m.name != "forward", m.lineno))
+    for method in ordered:
+        if not ff.mentions(method, f".{attr}"):
+            continue
+        scope = ff.scope(method)
+        me = scope.self_name
+        for m in sorted(scope.mismatches, key=lambda m: m.site.lineno):  # type: ignore[attr-defined]
+            held = flow.dotted(_root(m.cpu_node)) or ""
+            if held == f"{me}.{attr}" or (
+                value.source is not None and m.cpu.source is value.source
+            ):
+                return method.name, m.site.lineno  # type: ignore[attr-defined]
+    return None
+
+
+def _root(node: ast.expr) -> ast.expr:
+    """`self.pe[:n].float()` -> `self.pe`."""
+    while True:
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            node = node.func.value
+        else:
+            return node

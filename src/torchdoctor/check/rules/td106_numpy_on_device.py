@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import ast
+from typing import ClassVar
+
+from torchdoctor.check import flow
+from torchdoctor.check.flow import Kind, Place, ScopeFlow, Value
+from torchdoctor.check.rule import FixAvailability, Rule, Severity
+
+# A file that turns gradients off globally: outputs there do not require grad.
+_GRAD_OFF = ("set_grad_enabled(False)", "inference_mode()")
+
+
+class NumpyOnDevice(Rule):
+    """`.numpy()` on a tensor that is on a device or requires grad.
+
+    ## What it does
+    Finds `x.numpy()` where `x` is on the device (moved with `.to(device)` /
+    `.cuda()`, the output of a model that was moved, or computed from one) or
+    requires grad (a parameter, a model's output outside `torch.no_grad()`, a
+    tensor made with `requires_grad=True`, or computed from those) and is not
+    brought back with `.detach().cpu()` first.
+
+    ## Why is this bad?
+    NumPy arrays live in CPU memory. On a GPU, `.numpy()` raises
+    `TypeError: can't convert cuda:0 device type tensor to numpy. Use
+    Tensor.cpu() to copy the tensor to host memory first.`; on a tensor that
+    requires grad it raises `RuntimeError: Can't call numpy() on Tensor that
+    requires grad. Use tensor.detach().numpy() instead.` The evaluation code that
+    collects predictions is where it usually bites — on the first GPU run.
+
+    ## Example
+    ```python
+    outputs = model(images.to(device))
+    predictions.append(outputs.argmax(dim=1).numpy())
+    ```
+
+    ## Use instead
+    ```python
+    predictions.append(outputs.argmax(dim=1).detach().cpu().numpy())
+    ```
+
+    ## Fix safety
+    The fix inserts `.detach().cpu()` (or the part of it that is missing) before
+    `.numpy()`. It is safe: both are no-ops for a CPU tensor without grad, and the
+    statement raised before.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.Tensor.numpy.html
+    """
+
+    code = "TD106"
+    name = "numpy-on-device"
+    category = "device"
+    severity = Severity.ERROR
+    fix_availability = FixAvailability.SAFE
+    triggers: ClassVar[tuple[str, ...]] = (".numpy(",)
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
+
+    def finish(self) -> None:
+        ff = flow.file_flow(self.ctx)
+        grad_off = any(t in self.ctx.source for t in _GRAD_OFF)
+        for node in flow.scopes_with(ff, ".numpy("):
+            scope = ff.scope(node)
+            for call in scope.method_calls("numpy"):
+                self._check(scope, call, grad_off)
+
+    def _check(self, scope: ScopeFlow, call: ast.Call, grad_off: bool) -> None:
+        if call.args or any(kw.arg == "force" for kw in call.keywords):
+            return
+        assert isinstance(call.func, ast.Attribute)
+        receiver = call.func.value
+        held = scope.value(receiver)
+        if held.kind not in (Kind.TENSOR, Kind.PARAMETER, Kind.BATCH):
+            return
+        if held.is_input or held.assumed:
+            return
+        on_device = held.place is Place.DEVICE
+        grad = held.grad and not grad_off
+        if not (on_device or grad):
+            return
+        text = " ".join(self.ctx.segment(receiver).split())
+        if len(text) > 40:
+            text = text[:37] + "..."
+        reasons = []
+        if on_device:
+            reasons.append(f"is on `{held.device or 'the device'}`{_since(held)}")
+        if grad:
+            reasons.append("requires grad" + _why_grad(held))
+        insert = (".detach()" if grad else "") + (".cpu()" if held.place is not Place.CPU else "")
+        crash = (
+            "`TypeError: can't convert cuda:0 device type tensor to numpy`"
+            if on_device
+            else "`RuntimeError: Can't call numpy() on Tensor that requires grad`"
+        )
+        message = (
+            f"`{text}` {' and '.join(reasons)}: `.numpy()` raises {crash}; use `{insert}.numpy()`"
+        )
+        fix = self.ctx.fix(f"insert `{insert}`", self.ctx.insert_after(receiver, insert))
+        self.report(call, message, fix=fix)
+
+
+def _since(held: Value) -> str:
+    if held.name.startswith("output of"):
+        return f" (the {held.name})" if held.output else f" (computed from the {held.name})"
+    if held.device_line:
+        return f" (moved at line {held.device_line})"
+    return ""
+
+
+def _why_grad(held: Value) -> str:
+    if held.kind is Kind.PARAMETER:
+        return " (a parameter)"
+    if held.name.startswith("output of"):
+        return f" (from the {held.name}, outside `torch.no_grad()`)"
+    return ""

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import ast
+from typing import ClassVar
+
+from torchdoctor.check import flow
+from torchdoctor.check.flow import Kind, Place
+from torchdoctor.check.rule import Rule, Severity
+
+
+class OptimizerBeforeTo(Rule):
+    """An optimizer built from `model.parameters()` before the model is moved.
+
+    ## What it does
+    Finds an optimizer (`torch.optim.*`) built from `model.parameters()` when the
+    same model is moved with `model.to(device)` / `.cuda()` later in the same scope.
+
+    ## Why is this bad?
+    PyTorch's documentation asks to move the model *before* constructing its
+    optimizer. With default settings `Module.to()` updates the parameters in place
+    and the optimizer still works — until it does not: optimizer state that
+    already exists stays on the CPU (restoring `optimizer.load_state_dict(...)`
+    before the move makes `step()` fail with `Expected all tensors to be on the
+    same device`), and when the module's parameters are replaced rather than
+    updated (`torch.__future__.set_overwrite_module_params_on_conversion(True)`,
+    XLA/TPU devices, some tensor subclasses) the optimizer keeps updating the old
+    CPU tensors and the model on the device never trains, silently.
+
+    ## Example
+    ```python
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.to(device)
+    ```
+
+    ## Use instead
+    ```python
+    model = Net().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ```
+
+    ## References
+    - https://pytorch.org/docs/stable/optim.html#constructing-it
+    """
+
+    code = "TD108"
+    name = "optimizer-before-to"
+    category = "device"
+    severity = Severity.WARNING
+    triggers: ClassVar[tuple[str, ...]] = ("optim",)
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
+
+    def finish(self) -> None:
+        ff = flow.file_flow(self.ctx)
+        reported: set[ast.AST] = set()
+        for node in flow.scopes_with(ff, "optim"):
+            if not ff.mentions(node, ".to(", ".cuda("):
+                continue
+            scope = ff.scope(node)
+            for move in scope.moves:
+                before, after = move.before, move.after
+                optimizer = before.optimizer
+                if before.kind is not Kind.MODULE or optimizer is None or optimizer in reported:
+                    continue
+                if move.dtype_only or after.place is not Place.DEVICE:
+                    continue
+                if before.place is Place.DEVICE:
+                    continue  # already on the device when the optimizer was built
+                reported.add(optimizer)
+                model = self.ctx.segment(move.receiver)
+                built = self.ctx.segment(optimizer.func)
+                self.report(
+                    optimizer,
+                    f"`{built}` is built from `{model}`'s parameters before `{model}` is moved "
+                    f"to `{after.device}` (line {move.call.lineno}); move the model first, then "
+                    "build the optimizer",
+                )

@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+import ast
+import re
+from typing import ClassVar
+
+from torchdoctor.check import flow
+from torchdoctor.check.flow import Kind, Mismatch, Place, ScopeFlow, Value
+from torchdoctor.check.rule import Rule, Severity
+
+# Batch fields that are meant to stay on the CPU (pack_padded_sequence wants CPU
+# lengths) or are not tensors at all (file names, ids of samples).
+_STAYS_ON_CPU = re.compile(
+    r"(?:^|_)(?:lens?|lengths?|seq_lens?|sizes?|counts?|num|n|idx|index|indices|paths?|"
+    r"files?|filenames?|names?|meta|metadata|infos?|texts?|captions?|strings?|prompts?)(?:$|_)",
+    re.IGNORECASE,
+)
+# Where batches come from: the scopes worth analysing mention one of these.
+_BATCH_WORDS = ("loader", "Loader", "batch", "_dl", "next(", "dl:")
+
+
+class BatchNotMoved(Rule):
+    """A batch (or a tensor made on the CPU) reaches a model that was moved to a device.
+
+    ## What it does
+    Follows each batch drawn from a `DataLoader` to the places it is used, and
+    reports a batch tensor that reaches a model that was moved with
+    `model.to(device)` / `.cuda()` / `Net().to(device)` — or meets the model's
+    output in a loss or a comparison — without being moved itself. It catches the
+    classic slips: the evaluation function that forgets the `.to(device)` the
+    training loop has, labels or masks left behind while the inputs move, hidden
+    states created on the CPU, and `x.to(device)` whose result was dropped. It
+    follows models and loaders into helper functions (`evaluate(model, val_loader)`),
+    also when the helper lives in another file.
+
+    ## Why is this bad?
+    On a GPU machine the first such batch stops the run with
+    `RuntimeError: Expected all tensors to be on the same device, but found at
+    least two devices, cuda:0 and cpu!` — often only in the evaluation at the end
+    of the first epoch, after an hour of training. On a CPU-only laptop the code
+    runs fine, so the bug ships.
+
+    ## Example
+    ```python
+    model = Net().to(device)
+
+    def evaluate(model, loader):
+        for images, labels in loader:
+            outputs = model(images)  # images are still on the CPU
+            loss = criterion(outputs, labels)
+    ```
+
+    ## Use instead
+    ```python
+    def evaluate(model, loader):
+        for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
+            outputs = model(images)
+            loss = criterion(outputs, labels)
+    ```
+    or iterate `td.DeviceLoader(loader)`, which moves every batch for you.
+
+    Fields that must stay on the CPU (`lengths` for `pack_padded_sequence`, file
+    names) are not reported.
+
+    ## References
+    - https://pytorch.org/docs/stable/notes/cuda.html
+    - https://pytorch.org/tutorials/beginner/blitz/cifar10_tutorial.html#training-on-gpu
+    """
+
+    code = "TD112"
+    name = "batch-not-moved"
+    category = "device"
+    severity = Severity.ERROR
+    triggers: ClassVar[tuple[str, ...]] = ("loader", "Loader", "batch", "next(")
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
+
+    def finish(self) -> None:
+        ff = flow.file_flow(self.ctx)
+        for node in flow.scopes_with(ff, *_BATCH_WORDS):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                cls = ff.class_of(node)
+                if cls is not None and ff.is_module_class(cls):
+                    continue  # inside a module: TD103/TD104 speak about its tensors
+                if not ff.mentions(node, "(") or not ff.mentions(node, "for ", "next("):
+                    continue
+            self._check_scope(ff.scope(node))
+
+    def _check_scope(self, scope: ScopeFlow) -> None:
+        by_site: dict[ast.AST, list[Mismatch]] = {}
+        seen: set[str] = set()
+        for m in sorted(scope.mismatches, key=lambda m: _position(m.cpu_node)):
+            if not self._qualifies(scope, m):
+                continue
+            name = self.ctx.segment(m.cpu_node)
+            if name in seen:
+                continue  # one report per value and scope: its first crash
+            seen.add(name)
+            by_site.setdefault(m.site, []).append(m)
+        for site_mismatches in by_site.values():
+            self._report_site(site_mismatches)
+
+    def _qualifies(self, scope: ScopeFlow, m: Mismatch) -> bool:
+        other, cpu = m.other, m.cpu
+        if other.assumed or other.is_input or cpu.is_input or other.place is not Place.DEVICE:
+            return False
+        if m.via == "module" and isinstance(m.site, ast.Call):
+            callee = (flow.dotted(m.site.func) or "").lower()
+            if "pipe" in callee:
+                return False  # diffusers/transformers pipelines move their inputs themselves
+        last = (flow.dotted(m.cpu_node) or "").rsplit(".", 1)[-1]
+        if isinstance(m.cpu_node, ast.Subscript):
+            key = m.cpu_node.slice
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                last = key.value  # batch["lengths"]
+        if last and _STAYS_ON_CPU.search(last):
+            return False
+        if cpu.kind is Kind.BATCH:
+            # a batch of an iterable only *named* like a loader: believe it is on the CPU
+            # only when this scope moves another part of the same batch
+            return not cpu.assumed or (cpu.name, cpu.line) in scope.moved_origins
+        return (
+            cpu.kind is Kind.TENSOR
+            and isinstance(cpu.source, ast.Call)
+            and not cpu.assumed
+            and isinstance(m.cpu_node, ast.Name | ast.Attribute | ast.Subscript)
+        )
+
+    def _report_site(self, mismatches: list[Mismatch]) -> None:
+        first = mismatches[0]
+        other = first.other
+        names = ", ".join(f"`{self.ctx.segment(m.cpu_node)}`" for m in mismatches)
+        plural = len(mismatches) > 1
+        cpu = first.cpu
+        device = other.device or "device"
+        if cpu.kind is Kind.BATCH:
+            what = f"{names} from {cpu.describe_origin()}"
+        else:
+            made = cpu.name or "a factory"
+            what = (
+                f"{names} {'are' if plural else 'is'} created on the CPU at line {cpu.line} "
+                f"(`{made}` without `device=`) and"
+            )
+        dropped = ""
+        if cpu.dropped_line:
+            dropped = f" (the result of its `.to()` at line {cpu.dropped_line} was dropped)"
+        verb_reach = "reach" if plural and cpu.kind is Kind.BATCH else "reaches"
+        verb_meet = "meet" if plural and cpu.kind is Kind.BATCH else "meets"
+        if (
+            first.via == "module"
+            and isinstance(first.site, ast.Call)
+            and (first.other_node is first.site.func)
+        ):
+            model = self.ctx.segment(first.other_node)
+            message = f"{what}{dropped} {verb_reach} `{model}` ({_moved(other)})"
+        else:
+            target = self.ctx.segment(first.other_node)
+            where = _site_text(self.ctx.segment(first.site), first)
+            message = f"{what}{dropped} {verb_meet} `{target}` ({_on_device(other)}) in {where}"
+        if cpu.kind is Kind.BATCH:
+            message += f" without `.to({device})`"
+        else:
+            message += f"; create {'them' if plural else 'it'} with `device={device}`"
+        self.report(first.cpu_node, message)
+
+
+def _position(node: ast.AST) -> tuple[int, int]:
+    return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
+
+
+def _moved(value: Value) -> str:
+    if value.device_line:
+        return f"moved to `{value.device}` at {value.where_line(value.device_line)}"
+    return "on the device"
+
+
+def _on_device(value: Value) -> str:
+    place = f"on `{value.device}`" if value.device else "on the device"
+    if value.output and value.name:
+        return f"the {value.name}, {place}"
+    if value.device_line:
+        return f"{place} since {value.where_line(value.device_line)}"
+    return place
+
+
+def _site_text(text: str, m: Mismatch) -> str:
+    text = " ".join(text.split())
+    if len(text) > 60:
+        if isinstance(m.site, ast.Call):
+            return f"`{' '.join(text.split('(', 1)[0].split())}(...)`"
+        return "an operation"
+    return f"`{text}`"
