@@ -234,6 +234,14 @@ def test_dataclasses_including_frozen_slots_and_init_false() -> None:
     slotted = td.to_device(FrozenSlots(torch.ones(1)), "meta")
     assert type(slotted) is FrozenSlots and on(META, slotted.x)
 
+    @dataclasses.dataclass
+    class Lazy:
+        x: torch.Tensor
+        cache: torch.Tensor = dataclasses.field(init=False)  # never set
+
+    lazy = td.to_device(Lazy(torch.ones(1)), "meta")
+    assert on(META, lazy.x) and not hasattr(lazy, "cache")
+
 
 def test_objects_with_their_own_to_are_asked_to_move() -> None:
     moved = td.to_device({"enc": MovesItself(torch.ones(1))}, "meta", non_blocking=True)
