@@ -64,7 +64,12 @@ def test_passthrough_attributes_and_set_epoch() -> None:
         _ = loader.no_such_attribute
 
 
-class FakeStream:
+class FakeStream(torch.Stream):
+    """A real torch.Stream object (on the CPU) that logs what the loader asks of it."""
+
+    def __new__(cls, name: str, log: list[tuple[Any, ...]]) -> FakeStream:
+        return super().__new__(cls, device="cpu")
+
     def __init__(self, name: str, log: list[tuple[Any, ...]]) -> None:
         self.name, self.log = name, log
 

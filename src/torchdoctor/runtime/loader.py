@@ -68,9 +68,12 @@ class DeviceLoader(Generic[B]):
             batch = upcoming
             # The memory was allocated on the copy stream: tell the caching allocator it
             # is used on the compute stream, so it is not reused while kernels still read it.
-            for _, tensor, _ in _named_tensors(batch, ""):
-                if tensor.device.type != "cpu":  # e.g. PackedSequence.batch_sizes stays on CPU
-                    tensor.record_stream(compute_stream)
+            # (A stream that is no torch.Stream, e.g. the virtual accelerator's, has no
+            # allocator behind it to tell.)
+            if isinstance(compute_stream, torch.Stream):
+                for _, tensor, _ in _named_tensors(batch, ""):
+                    if tensor.device.type != "cpu":  # PackedSequence.batch_sizes stays on CPU
+                        tensor.record_stream(compute_stream)
             upcoming = start_copy()  # overlaps with the caller's compute on `batch`
             yield batch
 
