@@ -862,6 +862,7 @@ class FileFlow:
         for fact in getter(callee, self.ctx.path):
             env: Env = {}
             if fact.opaque:
+                out.append(env)  # positions unknown: nothing can be said
                 continue
             for i, value in enumerate(fact.args):
                 if i < len(names):
@@ -876,14 +877,13 @@ class FileFlow:
         """Scopes that may call `name`; None if `name` escapes (passed as a value)."""
         if name not in self.called_names():
             return []
-        pattern = re.compile(rf"(?<![\w.])({re.escape(name)})\b(\s*\()?")
+        # `name` followed by `,` `)` `]` `}` or a line end is passed around as a value (a
+        # callback): its calls cannot all be seen. Prose in docstrings is followed by words.
+        pattern = re.compile(rf"(@\s*)?(?<![\w.\"'])({re.escape(name)})\b[ \t]*([,)\]}}\n]|$)?")
         for match in pattern.finditer(self.ctx.source):
-            if match.group(2) is None:
-                # used as a value (a callback, a decorator...) or defined: not a plain call
+            if match.group(3) is not None or match.group(1):
                 line_start = self.ctx.source.rfind("\n", 0, match.start()) + 1
                 head = self.ctx.source[line_start : match.start()]
-                if re.fullmatch(r"\s*(async\s+)?(def|class)\s+", head):
-                    continue
                 if re.fullmatch(r"\s*(from\s+\S+\s+)?import\s+.*", head):
                     continue
                 return None
@@ -1341,6 +1341,8 @@ class ScopeFlow:
         if isinstance(target, ast.Name):
             if value.kind in (Kind.LOADER, Kind.MODULE, Kind.DEVICE) and not value.name:
                 value = dataclasses.replace(value, name=target.id)
+            if self._recording and value is not UNKNOWN:
+                self._values[target] = value  # what the name was bound to, here
             self._set(target.id, value)
         elif isinstance(target, ast.Tuple | ast.List):
             elts = target.elts
@@ -1476,6 +1478,16 @@ class ScopeFlow:
         kind = base.kind
         if kind is Kind.BATCH:
             return dataclasses.replace(base, part=True)
+        if kind is Kind.MODULE and base.place is not Place.UNKNOWN:
+            # model[0] of a Sequential/ModuleList: a submodule, where the module is
+            return Value(
+                Kind.MODULE,
+                base.place,
+                device=base.device,
+                device_line=base.device_line,
+                assumed=base.assumed,
+                is_input=base.is_input,
+            )
         if kind in (Kind.TENSOR, Kind.PARAMETER):
             # an integer index may leave a 0-dim tensor, which mixes with any device
             point = not isinstance(index, ast.Slice | ast.Tuple)
@@ -1768,9 +1780,12 @@ class ScopeFlow:
             if key is None:
                 continue
             held = env.get(key)
-            if held is not None and held.kind in (Kind.BATCH, Kind.MODULE, Kind.CONTAINER):
-                if held.kind is Kind.MODULE and held.place is Place.DEVICE:
-                    continue  # helpers rarely move a module back
+            if held is None:
+                continue
+            if held.kind is Kind.MODULE:
+                if held.place is not Place.DEVICE:  # helpers rarely move a module back
+                    self._set(key, dataclasses.replace(held, place=Place.UNKNOWN, fresh=False))
+            elif held.kind in (Kind.BATCH, Kind.CONTAINER):
                 self._set(key, UNKNOWN)
         func = node.func
         if (
@@ -1831,11 +1846,10 @@ class ScopeFlow:
         if callee.place is not Place.UNKNOWN:
             operands.append((node.func, callee))
         for arg_node, value in zip(node.args, args, strict=False):
-            operands.append(
-                (arg_node.value if isinstance(arg_node, ast.Starred) else arg_node, value)
-            )
+            arg_node = arg_node.value if isinstance(arg_node, ast.Starred) else arg_node
+            operands.extend(self._tensor_operands(arg_node, value))
         for kw, (_, value) in zip(node.keywords, keywords, strict=False):
-            operands.append((kw.value, value))
+            operands.extend(self._tensor_operands(kw.value, value))
         tensors = [(n, v) for n, v in operands if v.tensor_like or n is node.func]
         self._meet(node, [(n, v) for n, v in tensors], "module")
         if callee.place is not Place.UNKNOWN:
@@ -1871,6 +1885,15 @@ class ScopeFlow:
             is_input=is_input,
             output=True,
         )
+
+    def _tensor_operands(self, node: ast.expr, value: Value) -> list[tuple[ast.expr, Value]]:
+        """An argument as operands: a tuple/list display counts element by element."""
+        if isinstance(node, ast.Tuple | ast.List) and value.items is not None:
+            out: list[tuple[ast.expr, Value]] = []
+            for elt, item in zip(node.elts, value.items, strict=False):
+                out.extend(self._tensor_operands(elt, item))
+            return out
+        return [(node, value)]
 
     # -- methods -------------------------------------------------------------------------
     def _method(
@@ -2028,6 +2051,8 @@ class ScopeFlow:
         if target is None:
             # a dtype conversion: same place
             if recv.kind is Kind.MODULE:
+                if self._recording:
+                    self.moves.append(Move(node, receiver, recv, recv, statement, dtype_only=True))
                 return recv
             converted: Value | None = None
             if recv.kind in _TENSOR_KINDS and recv.place is not Place.UNKNOWN:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
+    from torchdoctor.check.project_facts import CallFact
 
 # `class Name(bases...)`: bases may span lines; nested brackets are rare in bases.
 _CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^()]*)\)", re.MULTILINE)
@@ -64,14 +65,32 @@ class ProjectIndex:
 
     bases: dict[str, set[str]] = field(default_factory=dict)
     module_classes: frozenset[str] = frozenset()
+    # Callee name -> calls of it in other files that pass a moved model or a loader
+    # (project_facts.py; used by the device rules' dataflow).
+    call_facts: dict[str, tuple[CallFact, ...]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, sources: Iterable[str]) -> ProjectIndex:
+    def build(cls, sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
+        """Index `sources`: texts, or (path, text) pairs (paths name files in messages)."""
+        from torchdoctor.check import project_facts
+
         index = cls()
-        for source in sources:
+        candidates: list[tuple[str, str]] = []
+        count = 0
+        for item in sources:
+            path, source = item if isinstance(item, tuple) else ("", item)
             index.add(scan_classes(source))
+            count += 1
+            if project_facts.is_candidate(source):
+                candidates.append((path, source))
         index.resolve()
+        if candidates and count > 1:  # a lone file sees its own calls directly
+            index.call_facts = project_facts.collect(index, candidates)
         return index
+
+    def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
+        """Calls of `callee` seen in files other than `path`."""
+        return [f for f in self.call_facts.get(callee, ()) if not path or f.path != path]
 
     def add(self, classes: dict[str, list[str]]) -> None:
         for name, bases in classes.items():
@@ -95,7 +114,12 @@ class ProjectIndex:
 
     def fingerprint(self) -> str:
         """Changes whenever the set of module classes changes (part of the cache key)."""
-        return hashlib.sha1("\n".join(sorted(self.module_classes)).encode()).hexdigest()[:16]
+        text = "\n".join(sorted(self.module_classes))
+        if self.call_facts:  # and whenever the cross-file call facts change
+            from torchdoctor.check import project_facts
+
+            text += "\n" + project_facts.digest(self.call_facts)
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def is_module_class_name(self, name: str) -> bool:
         return name.rsplit(".", 1)[-1] in self.module_classes or _base_is_torch_module(name)

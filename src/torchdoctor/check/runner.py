@@ -91,7 +91,7 @@ def run_check(
         use_cache = False
     else:
         sources = [load_source(path) for path in discover(paths, settings)]
-    project = ProjectIndex.build(s.text for s in sources if s.text is not None)
+    project = ProjectIndex.build((str(s.path), s.text) for s in sources if s.text is not None)
     cache = ResultCache(settings.root) if use_cache else None
     fingerprint = project.fingerprint()
 

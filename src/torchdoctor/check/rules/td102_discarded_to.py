@@ -4,7 +4,7 @@ import ast
 from typing import ClassVar
 
 from torchdoctor.check import flow
-from torchdoctor.check.flow import Kind, Move, ScopeFlow
+from torchdoctor.check.flow import Kind, Move, Place, ScopeFlow
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 # Tests that expect the move to fail drop its result on purpose.
@@ -77,8 +77,12 @@ class DiscardedTo(Rule):
         before = move.before
         if before.kind in (Kind.TENSOR, Kind.PARAMETER):
             return True
-        # parts of a batch are tensors; a whole batch may be an object moved in place
-        return before.kind is Kind.BATCH and (before.part or not before.assumed)
+        # parts of a batch are tensors; a whole batch of a DataLoader with the default
+        # collate is a tensor if it has `.to()`, while a custom collate_fn may return an
+        # object that moves in place
+        if before.kind is not Kind.BATCH:
+            return False
+        return before.part or (before.place is Place.CPU and not before.assumed)
 
     def _report(self, scope: ScopeFlow, move: Move) -> None:
         if self._expects_error(scope, move.call):

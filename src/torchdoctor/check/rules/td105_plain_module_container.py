@@ -110,9 +110,9 @@ class PlainModuleContainer(Rule):
         if isinstance(value, ast.Tuple):
             kind = "tuple"
         built = f"`{element.cls}`" if element.cls else "modules"
-        how = "appended to it" if appended else "in it"
+        how = "appended to it" if appended else "built in it"
         message = (
-            f"`self.{attr}` is a plain {kind} of modules ({built} built {how}, line "
+            f"`self.{attr}` is a plain {kind} of modules ({built} {how}, line "
             f"{element.line or stmt.lineno}): they are not registered, so `model.parameters()` "
             f"(the optimizer), `model.to(device)`, `model.eval()` and `state_dict()` do not "
             f"reach them; use `nn.{'ModuleDict' if kind == 'dict' else 'ModuleList'}`"

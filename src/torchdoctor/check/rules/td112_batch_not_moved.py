@@ -178,6 +178,8 @@ def _on_device(value: Value) -> str:
     place = f"on `{value.device}`" if value.device else "on the device"
     if value.output and value.name:
         return f"the {value.name}, {place}"
+    if value.name.startswith("output of"):
+        return f"computed from the {value.name}, {place}"
     if value.device_line:
         return f"{place} since {value.where_line(value.device_line)}"
     return place

@@ -1,0 +1,118 @@
+"""Cross-file call facts: what other files pass to a project's functions.
+
+`evaluate(model, val_loader)` in train.py, after `model = Net().to(device)` and
+`val_loader = DataLoader(...)`, tells engine.py's `def evaluate(model, loader)`
+that its `model` is on the device and its `loader` yields CPU batches. The
+flow library joins these facts with the calls it sees in the callee's own file
+(see `FileFlow._call_site_seeds`).
+
+Only files that can produce such a fact are analysed: their text mentions a
+loader and a device move. Values are stripped of syntax-tree references so the
+facts pickle cheaply to worker processes and hash into the cache fingerprint.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.flow import UNKNOWN, Kind, Value, file_flow
+
+if TYPE_CHECKING:
+    from torchdoctor.check.project import ProjectIndex
+
+# A call that hands a loader to a function: `evaluate(model, val_loader)`.
+_LOADER_ARGUMENT = re.compile(r"\w\s*\([^()\n]*(?:loader|Loader|_dl\b)")
+_MOVES = (".to(", ".cuda(")
+
+
+@dataclass(frozen=True)
+class CallFact:
+    """One call of a function (or class) of the project, seen in another file."""
+
+    callee: str
+    path: str
+    args: tuple[Value, ...]
+    keywords: tuple[tuple[str, Value], ...]
+    opaque: bool  # *args / **kwargs at the call: positions unknown
+
+
+def is_candidate(source: str) -> bool:
+    """Whether a file may pass a moved model or a loader to another file's function."""
+    return any(m in source for m in _MOVES) and _LOADER_ARGUMENT.search(source) is not None
+
+
+def collect(
+    index: ProjectIndex, files: Iterable[tuple[str, str]]
+) -> dict[str, tuple[CallFact, ...]]:
+    """Callee name -> the facts of its calls in `files` ((path, text) pairs)."""
+    from torchdoctor.check.context import FileContext
+
+    facts: dict[str, list[CallFact]] = {}
+    for path, source in files:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            continue
+        ctx = FileContext(path, source, tree, index)
+        ff = file_flow(ctx)
+        local = {
+            stmt.name
+            for stmt in tree.body
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        }
+        imported = {
+            name
+            for name, target in ctx.imports.items()
+            if not target.startswith(("torch", "numpy", "os", "sys"))
+        }
+        scopes: list[ast.AST] = [tree]
+        scopes.extend(f for f in ff.functions() if ff.mentions(f, "loader", "Loader", "_dl"))
+        try:
+            for node in scopes:
+                scope = ff.scope(node)  # type: ignore[arg-type]
+                for site in scope.calls:
+                    name = site.callee
+                    if name in local or name not in imported or "." in name:
+                        continue
+                    args = tuple(_portable(v, path) for v in site.args)
+                    keywords = tuple((k, _portable(v, path)) for k, v in site.keywords)
+                    if not any(v is not UNKNOWN for v in args) and not any(
+                        v is not UNKNOWN for _, v in keywords
+                    ):
+                        continue
+                    facts.setdefault(name, []).append(
+                        CallFact(name, path, args, keywords, site.opaque)
+                    )
+        except RecursionError:
+            continue
+    return {name: tuple(found) for name, found in facts.items()}
+
+
+def _portable(value: Value, path: str) -> Value:
+    """The part of a value worth sending to another file (UNKNOWN if nothing)."""
+    if value.kind not in (Kind.MODULE, Kind.LOADER, Kind.DEVICE) or value.assumed:
+        return UNKNOWN
+    return dataclasses.replace(
+        value,
+        where=value.where or os.path.basename(path),
+        source=None,
+        optimizer=None,
+        items=None,
+        element=None,
+    )
+
+
+def digest(facts: dict[str, tuple[CallFact, ...]]) -> str:
+    """A stable text digest of the facts (part of the cache fingerprint)."""
+    lines = []
+    for name in sorted(facts):
+        for fact in facts[name]:
+            lines.append(repr((name, fact.path, fact.args, fact.keywords, fact.opaque)))
+    return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:16]

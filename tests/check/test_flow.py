@@ -1,0 +1,381 @@
+"""The per-function dataflow library (check/flow.py) on real snippets."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+from torchdoctor.check import flow
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.flow import UNKNOWN, Kind, Place, ScopeFlow, Value, join
+from torchdoctor.check.project import ProjectIndex
+
+HEADER = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+"""
+
+
+def file_of(
+    source: str, path: str = "train.py", project: ProjectIndex | None = None
+) -> flow.FileFlow:
+    source = textwrap.dedent(source)
+    tree = ast.parse(source)
+    ctx = FileContext(path, source, tree, project or ProjectIndex.build([source]))
+    return flow.file_flow(ctx)
+
+
+def scope(source: str, function: str | None = None) -> ScopeFlow:
+    ff = file_of(HEADER + textwrap.dedent(source))
+    if function is None:
+        return ff.module_scope()
+    (func,) = [f for f in ff.functions() if f.name == function]
+    return ff.scope(func)
+
+
+def value_of(sc: ScopeFlow, text: str, occurrence: int = -1, line: int = 0) -> Value:
+    """The value of the `occurrence`-th expression (in source order) whose text is `text`."""
+    nodes = sorted(
+        (
+            n
+            for n in ast.walk(sc.node)
+            if isinstance(n, ast.expr)
+            and sc.ctx.segment(n) == text
+            and sc.value(n) is not UNKNOWN
+            and (not line or n.lineno == line)
+        ),
+        key=lambda n: (n.lineno, n.col_offset),
+    )
+    return sc.value(nodes[occurrence]) if nodes else UNKNOWN
+
+
+# -- values and joins ----------------------------------------------------------------------
+
+
+def test_join_keeps_what_both_paths_agree_on() -> None:
+    moved = Value(Kind.TENSOR, Place.DEVICE, device="device", device_line=3)
+    cpu = Value(Kind.TENSOR, Place.CPU, line=2)
+    assert join(moved, moved) is moved
+    joined = join(moved, cpu)
+    assert joined.kind is Kind.TENSOR and joined.place is Place.UNKNOWN
+    assert join(moved, Value(Kind.MODULE)) is UNKNOWN
+    # an empty container joined with a filled one keeps the filling (loops that append)
+    module = Value(Kind.MODULE, fresh=True)
+    filled = join(Value(Kind.CONTAINER), Value(Kind.CONTAINER, element=module))
+    assert filled.element == module
+
+
+# -- modules, moves and batches ------------------------------------------------------------
+
+
+def test_module_moves_in_place_and_by_assignment() -> None:
+    sc = scope(
+        """
+        a = nn.Linear(2, 2)
+        a.to(device)
+        b = nn.Linear(2, 2).to(device)
+        c = nn.Linear(2, 2)
+        c.to(torch.float16)
+        """
+    )
+    a, b, c = sc.exit_env["a"], sc.exit_env["b"], sc.exit_env["c"]
+    assert a.kind is Kind.MODULE and a.place is Place.DEVICE and a.device_line == 8
+    assert b.kind is Kind.MODULE and b.place is Place.DEVICE and b.device == "device"
+    assert c.place is Place.UNKNOWN and c.fresh  # a dtype conversion is not a move
+    dropped = [m for m in sc.moves if m.dropped]
+    assert len(dropped) == 2 and dropped[1].dtype_only
+
+
+def test_batches_from_a_loader_and_their_parts() -> None:
+    sc = scope(
+        """
+        loader = DataLoader(ds, batch_size=4)
+        for i, (x, y) in enumerate(loader):
+            pass
+        for batch in loader:
+            ids = batch["input_ids"]
+            first, second = batch
+        b0 = next(iter(loader))
+        """
+    )
+    x = value_of(sc, "x")
+    assert x.kind is Kind.BATCH and x.place is Place.CPU and x.name == "loader"
+    assert x.line == 7 and x.pinned is False
+    ids = value_of(sc, 'batch["input_ids"]')
+    assert ids.kind is Kind.BATCH and ids.part
+    assert value_of(sc, "second").kind is Kind.BATCH
+    assert sc.exit_env["b0"].kind is Kind.BATCH and not sc.exit_env["b0"].part
+
+
+def test_moves_through_assignment_comprehension_and_tuples() -> None:
+    sc = scope(
+        """
+        loader = DataLoader(ds, pin_memory=True)
+        for x, y in loader:
+            x, y = x.to(device), y.cuda()
+        for batch in loader:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            inputs = batch["x"]
+        for batch in loader:
+            a, b = [t.to(device) for t in batch]
+        """
+    )
+    assert value_of(sc, 'batch["x"]').place is Place.DEVICE
+    assert value_of(sc, "b").place is Place.DEVICE
+    assert value_of(sc, "x", 0).pinned is True
+    assert "b" not in sc.exit_env  # bound only inside the loop, which may not run
+    assert ("loader", 7) in sc.moved_origins
+
+
+def test_dropped_tensor_move_leaves_the_tensor_where_it_was() -> None:
+    sc = scope(
+        """
+        loader = DataLoader(ds)
+        for x, y in loader:
+            x.to(device)
+            z = x
+        """
+    )
+    z = value_of(sc, "z")
+    assert z.place is Place.CPU and z.dropped_line == 9
+
+
+def test_branches_join_and_unknown_helpers_forget() -> None:
+    sc = scope(
+        """
+        def run(loader, use_cuda):
+            net = nn.Linear(2, 2)
+            if use_cuda:
+                net.cuda()
+            t = torch.zeros(3)
+            if use_cuda:
+                t = t.cuda()
+            loader2 = DataLoader(ds)
+            for batch in loader2:
+                move_to(batch, device)
+                seen = batch
+            return net, t
+        """,
+        "run",
+    )
+    env = sc.exit_env
+    assert env["net"].kind is Kind.MODULE and env["net"].place is Place.UNKNOWN
+    assert env["t"].kind is Kind.TENSOR and env["t"].place is Place.UNKNOWN
+    assert "seen" not in env  # a dropped call of unknown effect may move the batch
+
+
+def test_early_return_and_continue_do_not_reach_the_join() -> None:
+    sc = scope(
+        """
+        def f(flag):
+            t = torch.zeros(2)
+            if flag:
+                t = t.to(device)
+            else:
+                return None
+            for i in range(3):
+                if i:
+                    u = torch.ones(1)
+                    continue
+                u = torch.ones(1).to(device)
+            return t
+        """,
+        "f",
+    )
+    (returned,) = [
+        n.value
+        for n in ast.walk(sc.node)
+        if isinstance(n, ast.Return) and n.value and sc.ctx.segment(n.value) == "t"
+    ]
+    assert sc.value(returned).place is Place.DEVICE  # the CPU path returned early
+    assert sc.returned is not None
+
+
+def test_while_loop_reaches_a_fixpoint() -> None:
+    sc = scope(
+        """
+        h = torch.zeros(2)
+        while cond():
+            out = h + 1
+            h = h.to(device)
+        """
+    )
+    # the first pass sees a CPU `h`, later passes a device `h`: at the loop head it is unknown
+    assert value_of(sc, "h", line=9).place is Place.UNKNOWN
+
+
+def test_grad_outside_and_inside_no_grad() -> None:
+    sc = scope(
+        """
+        model = nn.Linear(4, 2).to(device)
+        out = model(x.to(device))
+        with torch.no_grad():
+            quiet = model(x.to(device))
+        w = torch.randn(3, requires_grad=True)
+        d = w.detach()
+        """
+    )
+    env = sc.exit_env
+    assert env["out"].grad and env["out"].place is Place.DEVICE and env["out"].output
+    assert not env["quiet"].grad
+    assert env["w"].grad and not env["d"].grad
+
+
+def test_mismatches_name_both_sides() -> None:
+    sc = scope(
+        """
+        model = nn.Linear(4, 2).to(device)
+        loader = DataLoader(ds)
+        for x, y in loader:
+            logits = model(x.to(device))
+            loss = nn.functional.cross_entropy(logits, y)
+            ok = logits + torch.tensor(1.0)
+        """
+    )
+    (m,) = sc.mismatches
+    assert sc.ctx.segment(m.cpu_node) == "y" and m.cpu.kind is Kind.BATCH
+    assert sc.ctx.segment(m.other_node) == "logits" and m.other.output
+    assert m.via == "torch"
+
+
+# -- seeds: call sites, other files, self attributes, forward inputs ---------------------
+
+
+def test_parameters_seeded_from_call_sites_in_the_same_file() -> None:
+    ff = file_of(
+        HEADER
+        + """
+def evaluate(model, loader):
+    for x, y in loader:
+        model(x)
+
+def main():
+    net = nn.Linear(4, 2).to(device)
+    val = DataLoader(ds)
+    evaluate(net, val)
+"""
+    )
+    (evaluate,) = [f for f in ff.functions() if f.name == "evaluate"]
+    sc = ff.scope(evaluate)
+    assert sc.seeds["model"].place is Place.DEVICE
+    loader = sc.seeds["loader"]
+    assert loader.kind is Kind.LOADER and loader.name == "loader" and loader.alias == "val"
+    (m,) = sc.mismatches
+    assert sc.ctx.segment(m.cpu_node) == "x"
+
+
+def test_no_seeds_when_the_function_escapes_or_callers_disagree() -> None:
+    ff = file_of(
+        HEADER
+        + """
+def evaluate(model, loader):
+    for x, y in loader:
+        model(x)
+
+def main():
+    net = nn.Linear(4, 2).to(device)
+    evaluate(net, DataLoader(ds))
+    evaluate(other_net, DataLoader(ds))
+    callbacks = [evaluate]
+"""
+    )
+    (evaluate,) = [f for f in ff.functions() if f.name == "evaluate"]
+    assert ff.scope(evaluate).seeds == {}
+
+
+def test_parameters_seeded_from_another_file() -> None:
+    engine = "def evaluate(model, loader):\n    for x, y in loader:\n        model(x)\n"
+    train = HEADER + (
+        "from engine import evaluate\n"
+        "model = nn.Linear(4, 2).to(device)\n"
+        "val_loader = DataLoader(ds)\n"
+        "evaluate(model, val_loader)\n"
+    )
+    project = ProjectIndex.build([("engine.py", engine), ("train.py", train)])
+    assert [f.path for f in project.call_facts_for("evaluate", "engine.py")] == ["train.py"]
+    ff = file_of(engine, "engine.py", project)
+    sc = ff.scope(ff.functions()[0])
+    assert sc.seeds["model"].where == "train.py" and sc.seeds["model"].device_line == 7
+    assert sc.seeds["loader"].alias == "val_loader"
+    assert len(sc.mismatches) == 1
+    # the facts are part of the cache fingerprint
+    assert project.fingerprint() != ProjectIndex.build([engine, HEADER]).fingerprint()
+
+
+def test_methods_see_attributes_set_in_init() -> None:
+    ff = file_of(
+        HEADER
+        + """
+class Trainer:
+    def __init__(self, model):
+        self.model = model.to(device)
+        self.loader = DataLoader(ds)
+
+    def epoch(self):
+        for x, y in self.loader:
+            self.model(x)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        self.table = torch.zeros(4)
+
+    def forward(self, x, steps: int = 2):
+        return self.fc(x) + self.table
+"""
+    )
+    by_name = {f.name: f for f in ff.functions()}
+    epoch = ff.scope(by_name["epoch"])
+    assert epoch.seeds["self.loader"].kind is Kind.LOADER
+    (m,) = epoch.mismatches
+    assert epoch.ctx.segment(m.other_node) == "self.model"
+    forward = ff.scope(by_name["forward"])
+    assert forward.seeds["x"].is_input and forward.seeds["x"].place is Place.DEVICE
+    assert "steps" not in forward.seeds  # an int flag is not a tensor input
+    assert forward.seeds["self.fc"].place is Place.DEVICE  # registered: moves with the module
+    (m,) = forward.mismatches
+    assert forward.ctx.segment(m.cpu_node) == "self.table"
+
+
+def test_queries_and_sharing() -> None:
+    ff = file_of(HEADER + "y = x.to(device).numpy()\nz = torch.cat([a, b])\n")
+    assert flow.file_flow(ff.ctx) is ff
+    sc = ff.module_scope()
+    assert ff.module_scope() is sc
+    assert len(sc.method_calls("numpy")) == 1 and len(sc.calls_named("to")) == 1
+    assert len(sc.calls_named("cat")) == 1
+    assert ff.mentions(ff.ctx.tree, ".numpy(") and not ff.mentions(ff.ctx.tree, "backward(")
+    assert list(flow.scopes_with(ff, "numpy")) == [ff.ctx.tree]
+
+
+def test_deep_nesting_and_odd_syntax_do_not_crash() -> None:
+    body = (
+        "x = torch.zeros(1)\n"
+        + "".join("    " * i + f"for i{i} in loader:\n" for i in range(12))
+        + "    " * 12
+        + "x = x.to(device)\n"
+    )
+    sc = scope(
+        body
+        + """
+match command:
+    case [a, *rest]:
+        t = torch.ones(1)
+    case _:
+        pass
+async def g():
+    async with lock as l:
+        await thing(l)
+lam = lambda q: q.to(device)
+try:
+    w = torch.ones(1)
+except* ValueError:
+    pass
+del w
+"""
+    )
+    assert sc.exit_env.get("x") is None or sc.exit_env["x"].kind is Kind.TENSOR
