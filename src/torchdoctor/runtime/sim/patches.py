@@ -91,7 +91,12 @@ class Patches:
 
     def default_device(self) -> Any:
         """The device of `torch.set_default_device` / `with torch.device(...)`, if virtual."""
-        current = _device_context.CURRENT_DEVICE
+        if not torch._C._len_torch_function_stack():
+            return None
+        current = None
+        for mode in torch.overrides._get_current_function_mode_stack():  # type: ignore[no-untyped-call]
+            if isinstance(mode, _device_context.DeviceContext):
+                current = mode.device  # the innermost one wins
         if current is None or current.type != self.backend:
             return None
         return self.resolve(current)
@@ -582,6 +587,18 @@ class Patches:
         def stream_context(stream: Any = None) -> Iterator[Any]:
             yield stream
 
+        class _StreamContext:
+            """torch.cuda.StreamContext(stream): nothing to switch on the CPU."""
+
+            def __init__(self, stream: Any = None) -> None:
+                self.stream = stream
+
+            def __enter__(self) -> Any:
+                return self.stream
+
+            def __exit__(self, *exc: object) -> None:
+                return None
+
         class _DeviceContext:
             """torch.cuda.device(i): make i the current device inside the block."""
 
@@ -605,11 +622,15 @@ class Patches:
         def props(device: Any = None) -> _Properties:
             return _Properties(patches._index(device))
 
-        def unsupported(what: str) -> Callable[..., Any]:
-            def fail(*args: Any, **kwargs: Any) -> Any:
-                session.unsupported(what)
+        def unsupported(what: str) -> type:
+            """A class (isinstance checks keep working) that refuses to be made."""
 
-            return fail
+            class Unsupported:
+                def __init__(self, *args: Any, **kwargs: Any) -> None:
+                    session.unsupported(what)
+
+            Unsupported.__name__ = Unsupported.__qualname__ = what.split("(")[-1].rstrip(")")
+            return Unsupported
 
         fake = {
             **shared,
@@ -653,7 +674,7 @@ class Patches:
             "default_stream": lambda device=None: _Stream(device),
             "set_stream": noop,
             "stream": stream_context,
-            "StreamContext": stream_context,
+            "StreamContext": _StreamContext,
             "set_sync_debug_mode": noop,
             "is_current_stream_capturing": lambda: False,
             "get_sync_debug_mode": lambda: 0,

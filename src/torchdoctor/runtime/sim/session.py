@@ -128,7 +128,10 @@ class Simulation:
         try:
             # Dynamo indexes torch's functions by identity when first imported (optimizers
             # import it lazily): let it see the real ones, not our stand-ins.
-            import torch._dynamo  # noqa: F401
+            import torch._dynamo
+            import torch.utils._device
+
+            torch.utils._device._device_constructors()  # cached: the real factories
 
             self._patches = Patches(self)
             self._patches.install()
