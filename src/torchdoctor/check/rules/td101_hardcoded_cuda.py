@@ -1,0 +1,550 @@
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING, ClassVar
+
+from torchdoctor.check.rule import Rule, Severity
+
+if TYPE_CHECKING:
+    from torchdoctor.check.context import FileContext
+
+# "cuda", "cuda:0": a device string naming a CUDA GPU
+_CUDA_LITERAL = re.compile(r"cuda(:\d+)?")
+# Words in a condition, decorator or name that show the author thought about the device.
+_DEVICE_WORDS = re.compile(
+    r"cuda|gpu|device|is_available|accelerat|nccl|cudnn|cpu|mps|xpu|hip|rocm|triton|nvidia",
+    re.IGNORECASE,
+)
+# A file, function or class whose name says it is about the GPU is CUDA-only on purpose.
+_CUDA_NAME = re.compile(r"cuda|gpu|cudnn|nccl|triton|nvfuser", re.IGNORECASE)
+# Benchmarks measure particular hardware on purpose.
+_BENCHMARK_PATH = re.compile(r"(^|/)bench(mark)?s?(/|_|\.py$)", re.IGNORECASE)
+# torch.cuda APIs that themselves fail without a GPU: code calling them is CUDA-only
+# by design, so a `.cuda()` next to them adds nothing. (Seeding, empty_cache and the
+# memory statistics are safe on a CPU-only machine and do not count.)
+_CUDA_ONLY_APIS = frozenset(
+    {
+        "synchronize",
+        "Event",
+        "Stream",
+        "ExternalStream",
+        "set_device",
+        "current_device",
+        "get_device_name",
+        "get_device_properties",
+        "get_device_capability",
+        "current_stream",
+        "default_stream",
+        "stream",
+        "set_stream",
+        "graph",
+        "CUDAGraph",
+        "make_graphed_callables",
+        "graph_pool_handle",
+        "mem_get_info",
+        "ipc_collect",
+        "set_per_process_memory_fraction",
+        "get_rng_state",
+        "get_rng_state_all",
+        "current_blas_handle",
+        "can_device_access_peer",
+        "device",
+        "init",
+        "_sleep",
+    }
+)
+# Packages that only run on NVIDIA GPUs: a file importing one at its top is CUDA-only.
+_CUDA_ONLY_PACKAGES = frozenset(
+    {
+        "apex",
+        "triton",
+        "pycuda",
+        "cupy",
+        "nvfuser",
+        "transformer_engine",
+        "flash_attn",
+        "tensorrt",
+        "torch_tensorrt",
+        "cutlass",
+        "nvidia",
+        "pynvml",
+        "liger_kernel",
+        "msamp",
+    }
+)
+# torch.distributed collectives: their tensors must be on the process group's device
+# (CUDA for NCCL), so code calling them chooses the device on purpose.
+_COLLECTIVES = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_to_all",
+        "all_to_all_single",
+        "broadcast",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "gather",
+        "scatter",
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "barrier",
+    }
+)
+# Functions that ask about a device rather than put something on it.
+_PREDICATE = re.compile(
+    r"_*(check|is|has|skip|only|require|expect|assert|supports?|match|filter)", re.IGNORECASE
+)
+_EXPECTS_ERROR = re.compile(r"raises|assertRaises|expectedFailure", re.IGNORECASE)
+_SETUP_NAMES = frozenset({"setUp", "setUpClass", "setup_method", "setup_class"})
+# Exceptions whose handler is a fallback for a failed `.cuda()`.
+_BROAD_EXCEPTIONS = frozenset({"Exception", "BaseException", "RuntimeError", "AssertionError"})
+# An early exit or assert on these words stops runs without a GPU.
+_GPU_CHECK_WORDS = re.compile(r"cuda|gpu|nccl|is_available|device_count", re.IGNORECASE)
+_EXIT_CALLS = re.compile(r"skip|exit|abort", re.IGNORECASE)
+
+_HINT = (
+    'choose the device once, e.g. `device = torch.device("cuda" if '
+    'torch.cuda.is_available() else "cpu")` (or `td.pick_device()`), and use `.to(device)`'
+)
+
+
+class HardcodedCuda(Rule):
+    """`.cuda()` or a `"cuda"` device with no fallback: the code cannot run without a GPU.
+
+    ## What it does
+    Finds places that send tensors or modules to a CUDA GPU unconditionally:
+    `.cuda()` calls, and the literals `"cuda"` / `"cuda:N"` used as a device
+    (`.to("cuda")`, `torch.device("cuda")`, `device="cuda"`, `map_location="cuda"`,
+    `device = "cuda"`).
+
+    It stays quiet where the author has already made the choice conditional or
+    deliberately CUDA-only:
+    - a conditional expression (`"cuda" if torch.cuda.is_available() else "cpu"`,
+      `x.cuda() if use_gpu else x`);
+    - inside `if`/`while` blocks, `and`/`or` chains and decorators whose condition
+      mentions the device (`if torch.cuda.is_available():`, `if args.cuda:`,
+      `if use_gpu:`, `@unittest.skipIf(not TEST_CUDA, ...)`), and after an early
+      exit such as `if not torch.cuda.is_available(): return` or
+      `assert torch.cuda.is_available()`;
+    - inside a `try` whose handler catches the failure;
+    - in files, functions and classes named for the GPU (`test_cuda.py`,
+      `def benchmark_gpu`, `class CUDAGraphRunner`) and in functions (or scripts)
+      that call CUDA-only APIs such as `torch.cuda.synchronize()`,
+      `torch.cuda.set_device()` or `torch.cuda.Event()`, which cannot run without
+      a GPU anyway;
+    - for default parameter values (`def run(device="cuda")`), f-strings
+      (`f"cuda:{rank}"`), comparisons (`device.type == "cuda"`) and
+      `autocast("cuda")`, which only warns without a GPU.
+
+    ## Why is this bad?
+    On a machine without a CUDA GPU (a laptop, an Apple-silicon Mac, a CPU CI
+    runner) the first such line fails with
+    `AssertionError: Torch not compiled with CUDA enabled` or
+    `RuntimeError: Found no NVIDIA driver on your system`, so the script cannot
+    even be smoke-tested without a GPU, and it cannot use MPS or XPU devices.
+
+    ## Example
+    ```python
+    model = Net().cuda()
+    for images, labels in loader:
+        images, labels = images.cuda(), labels.cuda()
+    ```
+
+    ## Use instead
+    ```python
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = Net().to(device)
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+    ```
+    or `device = td.pick_device()`, which also picks MPS/XPU and honours
+    `LOCAL_RANK` under torchrun.
+
+    ## References
+    - https://pytorch.org/docs/stable/notes/cuda.html#best-practices
+    """
+
+    code = "TD101"
+    name = "hardcoded-cuda"
+    category = "device"
+    severity = Severity.ERROR
+    triggers: ClassVar[tuple[str, ...]] = ("cuda",)
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call, ast.Assign, ast.AnnAssign)
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        path = ctx.path.replace("\\", "/")
+        self._file_is_cuda_only = bool(
+            _CUDA_NAME.search(path)
+            or _BENCHMARK_PATH.search(path)
+            or _imports_cuda_only_package(ctx.tree)
+        )
+        self._cuda_only_blocks: dict[int, bool] = {}
+        self._gated: bool | None = None
+        self._gated_classes: set[str] | None = None
+        self._cuda_only_functions: set[str] | None = None
+
+    # -- what is hardcoded ------------------------------------------------------
+    def visit(self, node: ast.AST) -> None:
+        if self._file_is_cuda_only:
+            return
+        if isinstance(node, ast.Call):
+            culprit, message = self._check_call(node)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            culprit, message = self._check_assign(node)
+        else:
+            return
+        if culprit is None or self._guarded(node):
+            return
+        self.report(culprit, message, hint=_HINT)
+
+    def _check_call(self, call: ast.Call) -> tuple[ast.AST | None, str]:
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr == "cuda":
+            if self.ctx.qualname(func.value) == "torch":
+                return None, ""
+            receiver = _short(self.ctx.segment(func.value))
+            return call, (
+                f"`{receiver}.cuda()` moves it to a CUDA GPU unconditionally; "
+                "this fails on a machine without one"
+            )
+        name = self.ctx.call_name(call)
+        if name in ("torch.device", "torch.set_default_device"):
+            device = call.args[0] if call.args else _keyword(call, "type")
+            if _is_cuda_literal(device):
+                return call, (
+                    f"`{name}({_short(self.ctx.segment(device))})` names a CUDA GPU "  # type: ignore[arg-type]
+                    "with no CPU fallback; this fails on a machine without one"
+                )
+            return None, ""
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "to"
+            and call.args
+            and _is_cuda_literal(call.args[0])
+        ):
+            return call.args[0], (
+                f"`.to({self.ctx.segment(call.args[0])})` moves to a CUDA GPU "
+                "unconditionally; this fails on a machine without one"
+            )
+        if "fake" in (name or "").lower():
+            return None, ""  # fake tensors only record the device; they need no GPU
+        if name == "functools.partial" and call.args:
+            name = self.ctx.qualname(call.args[0])
+        if _PREDICATE.match((name or "").rsplit(".", 1)[-1]):
+            return None, ""  # `check_device(x, device="cuda")` asks; it does not move
+        for kw in call.keywords:
+            if kw.arg in ("device", "map_location") and _is_cuda_literal(kw.value):
+                return kw.value, (
+                    f"`{kw.arg}={self.ctx.segment(kw.value)}` names a CUDA GPU with no "
+                    "CPU fallback; this fails on a machine without one"
+                )
+        return None, ""
+
+    def _check_assign(self, node: ast.Assign | ast.AnnAssign) -> tuple[ast.AST | None, str]:
+        if not _is_cuda_literal(node.value):
+            return None, ""
+        if self.ctx.stack and isinstance(self.ctx.stack[-1], ast.ClassDef):
+            return None, ""  # a class attribute is a configurable default, like a parameter's
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "")
+            if name.lower().endswith("device"):
+                assert node.value is not None
+                return node.value, (
+                    f"`{self.ctx.segment(target)} = {self.ctx.segment(node.value)}` "
+                    "hardcodes a CUDA GPU with no CPU fallback; this fails on a "
+                    "machine without one"
+                )
+        return None, ""
+
+    # -- when the author already handled it -------------------------------------
+    def _guarded(self, node: ast.AST) -> bool:
+        """Whether `node` (the visited call or assignment) sits where CUDA is a choice."""
+        chain = [*self.ctx.stack, node]
+        for depth in range(len(chain) - 2, -1, -1):
+            parent, child = chain[depth], chain[depth + 1]
+            if self._guards(parent, child):
+                return True
+        return False
+
+    def _guards(self, parent: ast.AST, child: ast.AST) -> bool:
+        if isinstance(parent, ast.IfExp):
+            return child is not parent.test
+        if isinstance(parent, ast.arguments):
+            return True  # a parameter's default: the caller chooses
+        if isinstance(parent, ast.If | ast.While | ast.Assert) and child is parent.test:
+            return True  # a condition asks about CUDA; it does not move anything there
+        if isinstance(parent, ast.Compare):
+            return True  # `torch.device("cuda") in devices`, `x.device == ...`
+        if isinstance(parent, ast.If | ast.While):
+            if self._mentions_device(parent.test):
+                return True
+        elif isinstance(parent, ast.With | ast.AsyncWith):
+            if any(_EXPECTS_ERROR.search(self.ctx.segment(i.context_expr)) for i in parent.items):
+                return True  # `with pytest.raises(...)`: the failure is the point
+        elif isinstance(parent, ast.BoolOp):
+            for operand in parent.values:
+                if operand is child:
+                    break
+                if self._mentions_device(operand):
+                    return True
+        elif isinstance(parent, ast.Try):
+            if any(child is stmt for stmt in parent.body) and any(
+                _catches_failure(h) for h in parent.handlers
+            ):
+                return True
+        elif isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if _CUDA_NAME.search(parent.name):
+                return True
+            if any(self._mentions_device(d) for d in parent.decorator_list):
+                return True
+            if isinstance(parent, ast.ClassDef):
+                if self._class_is_gated(parent):
+                    return True
+            elif self._uses_collectives(parent) or any(
+                _CUDA_NAME.search(a.arg)
+                for a in (*parent.args.posonlyargs, *parent.args.args, *parent.args.kwonlyargs)
+            ):
+                return True  # a `gpu_ids` / `use_cuda` parameter: the caller decides
+        elif isinstance(parent, ast.Module) and self._file_is_gated():
+            return True
+        block = _block_of(parent, child)
+        return block is not None and (
+            self._exits_earlier(block, child) or self._block_is_cuda_only(block)
+        )
+
+    def _mentions_device(self, expr: ast.AST) -> bool:
+        return bool(_DEVICE_WORDS.search(self.ctx.segment(expr)))
+
+    def _checks_gpu(self, expr: ast.AST) -> bool:
+        return bool(_GPU_CHECK_WORDS.search(self.ctx.segment(expr)))
+
+    def _exits_earlier(self, block: list[ast.stmt], child: ast.AST) -> bool:
+        """An earlier statement of the block stops non-GPU runs (return, skip, assert)."""
+        for stmt in block:
+            if stmt is child:
+                return False
+            if isinstance(stmt, ast.Assert) and self._checks_gpu(stmt.test):
+                return True
+            if (
+                isinstance(stmt, ast.If)
+                and self._checks_gpu(stmt.test)
+                and _ends_with_exit(stmt.body)
+            ):
+                return True
+        return False
+
+    def _file_is_gated(self) -> bool:
+        """A test module whose `pytestmark` skips runs without a GPU."""
+        if self._gated is None:
+            self._gated = any(
+                isinstance(stmt, ast.Assign)
+                and any(getattr(t, "id", "") == "pytestmark" for t in stmt.targets)
+                and self._checks_gpu(stmt.value)
+                for stmt in self.ctx.tree.body
+            )
+        return self._gated
+
+    def _class_is_gated(self, cls: ast.ClassDef) -> bool:
+        """A class whose setUp or `skip` check (or a base class's, in this file) asks
+        about the GPU: test cases, profiler patterns. Its methods only run where the
+        check passed."""
+        if self._gated_classes is None:
+            classes = {c.name: c for c in ast.walk(self.ctx.tree) if isinstance(c, ast.ClassDef)}
+            gated = {
+                name
+                for name, c in classes.items()
+                if any(
+                    isinstance(stmt, ast.FunctionDef)
+                    and stmt.name in (*_SETUP_NAMES, "skip")
+                    and self._checks_gpu(stmt)
+                    for stmt in c.body
+                )
+            }
+            for _ in range(3):  # subclasses of gated classes, a few levels deep
+                gated |= {
+                    name
+                    for name, c in classes.items()
+                    if any(getattr(b, "id", getattr(b, "attr", "")) in gated for b in c.bases)
+                }
+            self._gated_classes = gated
+        return cls.name in self._gated_classes
+
+    def _block_is_cuda_only(self, block: list[ast.stmt]) -> bool:
+        """The block always calls a torch.cuda API that fails without a GPU (or a function
+        of this file that does), so it needs a GPU anyway."""
+        key = id(block)
+        cached = self._cuda_only_blocks.get(key)
+        if cached is None:
+            cuda_only = self._cuda_only_function_names()
+            cached = any(self._calls_cuda_only(sub, cuda_only) for sub in _walk_always(block))
+            self._cuda_only_blocks[key] = cached
+        return cached
+
+    def _uses_collectives(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        """The function feeds torch.distributed collectives, whose tensors must sit on
+        the process group's device (CUDA for NCCL): the device is chosen on purpose."""
+        if "dist" not in self.ctx.segment(function).lower():
+            return False
+        for sub in ast.walk(function):
+            if isinstance(sub, ast.Call):
+                # torch.distributed.all_reduce, or a project's wrapper such as
+                # distributed_utils.all_reduce
+                name = self.ctx.qualname(sub.func) or ""
+                head, _, last = name.rpartition(".")
+                if last in _COLLECTIVES and "dist" in head:
+                    return True
+                # DistributedDataParallel(model, device_ids=[rank]): one GPU per process
+                if last == "DistributedDataParallel" and any(
+                    kw.arg == "device_ids" for kw in sub.keywords
+                ):
+                    return True
+        return False
+
+    def _calls_cuda_only(self, node: ast.AST, cuda_only: set[str]) -> bool:
+        if isinstance(node, ast.Call):
+            target = node.func
+        elif isinstance(node, ast.withitem):
+            target = node.context_expr
+        else:
+            return False
+        name = self.ctx.qualname(target) or ""
+        if name.startswith("torch.cuda.") and name[11:] in _CUDA_ONLY_APIS:
+            return True
+        # a call of a CUDA-only function of this file: `helper(...)`, `self.helper(...)`
+        return bool(cuda_only) and name.rsplit(".", 1)[-1] in cuda_only
+
+    def _cuda_only_function_names(self) -> set[str]:
+        """Names of this file's functions that call CUDA-only APIs, directly or through
+        other functions of the file (computed once per file, only when needed)."""
+        if self._cuda_only_functions is None:
+            functions = [
+                f
+                for f in ast.walk(self.ctx.tree)
+                if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+            ]
+            found: set[str] = set()
+            if "torch.cuda" in self.ctx.source or "cuda import" in self.ctx.source:
+                for _ in range(3):  # a few levels of helpers is plenty
+                    grown = {
+                        f.name
+                        for f in functions
+                        if f.name not in found
+                        and any(self._calls_cuda_only(sub, found) for sub in _walk_always(f.body))
+                    }
+                    if not grown:
+                        break
+                    found |= grown
+            self._cuda_only_functions = found
+        return self._cuda_only_functions
+
+
+def _imports_cuda_only_package(tree: ast.Module) -> bool:
+    """A top-level, unconditional import of a package that only runs on NVIDIA GPUs."""
+    statements: list[ast.stmt] = []
+    for stmt in tree.body:
+        statements.extend(stmt.body if isinstance(stmt, ast.Try) and _all_reraise(stmt) else [stmt])
+    for stmt in statements:
+        if isinstance(stmt, ast.Import):
+            names = [alias.name for alias in stmt.names]
+        elif isinstance(stmt, ast.ImportFrom) and not stmt.level:
+            names = [stmt.module or ""]
+        elif (
+            isinstance(stmt, ast.Assign | ast.Expr)
+            and isinstance(stmt.value, ast.Call)
+            and getattr(stmt.value.func, "attr", "") == "importorskip"
+            and stmt.value.args
+            and isinstance(stmt.value.args[0], ast.Constant)
+        ):
+            names = [str(stmt.value.args[0].value)]
+        else:
+            continue
+        if any(name.split(".", 1)[0] in _CUDA_ONLY_PACKAGES for name in names):
+            return True
+    return False
+
+
+def _is_cuda_literal(node: ast.AST | None) -> bool:
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and _CUDA_LITERAL.fullmatch(node.value) is not None
+    )
+
+
+def _keyword(call: ast.Call, name: str) -> ast.expr | None:
+    for kw in call.keywords:
+        if kw.arg == name:
+            return kw.value
+    return None
+
+
+def _catches_failure(handler: ast.ExceptHandler) -> bool:
+    if handler.type is None:
+        return True
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(
+        (t.id if isinstance(t, ast.Name) else getattr(t, "attr", "")) in _BROAD_EXCEPTIONS
+        for t in types
+    )
+
+
+def _all_reraise(node: ast.Try) -> bool:
+    """Every handler raises again: the `try` body is as unconditional as plain code."""
+    return bool(node.handlers) and all(isinstance(h.body[-1], ast.Raise) for h in node.handlers)
+
+
+def _ends_with_exit(body: list[ast.stmt]) -> bool:
+    last = body[-1]
+    if isinstance(last, ast.Return | ast.Raise | ast.Continue | ast.Break):
+        return True
+    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+        func = last.value.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        return bool(_EXIT_CALLS.search(name))
+    return False
+
+
+def _short(text: str, limit: int = 40) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt] | None:
+    """The statement list of `parent` (body, else, finally) holding `child`."""
+    for field in ("body", "orelse", "finalbody"):
+        block = getattr(parent, field, None)
+        if isinstance(block, list) and any(stmt is child for stmt in block):
+            return block
+    return None
+
+
+def _walk_always(block: list[ast.stmt]) -> list[ast.AST]:
+    """The nodes of a block that always run when it runs: not nested functions or
+    classes, not the branches of an `if`, not a `try` body whose errors are handled."""
+    nodes: list[ast.AST] = []
+    todo: list[ast.AST] = list(block)
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.If | ast.While | ast.IfExp):
+            todo.append(node.test)
+        elif isinstance(node, ast.BoolOp):
+            todo.append(node.values[0])
+        elif isinstance(node, ast.Try):
+            if _all_reraise(node):
+                todo.extend(node.body)
+            todo.extend(node.finalbody)
+        elif hasattr(ast, "Match") and isinstance(node, ast.Match):
+            todo.append(node.subject)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+    return nodes
