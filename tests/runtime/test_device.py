@@ -434,11 +434,16 @@ def weighted(batch: dict[str, torch.Tensor], weight: torch.Tensor, scale: torch.
 def test_device_safe_passes_matching_devices_and_cpu_scalars() -> None:
     out = weighted({"x": torch.ones(2)}, torch.ones(2), scale=torch.tensor(3.0))
     assert out.tolist() == [3.0, 3.0]
-    on_meta = weighted(
-        {"x": torch.ones(2, device="meta")}, torch.ones(2, device="meta"), torch.tensor(2.0)
-    )
-    assert on_meta.device == META  # a 0-dim CPU tensor is allowed beside meta ones, as in PyTorch
     assert weighted.__name__ == "weighted"
+
+    @td.device_safe
+    def devices(*tensors: torch.Tensor) -> set[torch.device]:
+        return {t.device for t in tensors}
+
+    # a 0-dim CPU tensor is allowed beside tensors on another device, as in PyTorch
+    assert devices(torch.ones(2, device="meta"), torch.tensor(2.0)) == {META, CPU}
+    with pytest.raises(DeviceMismatchError, match=r"devices\(\) got .*\n  tensors\[1\]: cpu"):
+        devices(torch.ones(2, device="meta"), torch.ones(1))
 
 
 def test_device_safe_names_the_argument_paths() -> None:

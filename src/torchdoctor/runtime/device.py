@@ -745,5 +745,5 @@ def _named_mismatch(
         for path, tensor, note in _named_tensors(value, name):
             if not _is_cpu_scalar(tensor):
                 found.append((path, tensor, note))
-    name = getattr(fn, "__qualname__", repr(fn))
+    name = getattr(fn, "__qualname__", repr(fn)).rsplit("<locals>.", 1)[-1]
     return _mismatch_error(found, list(arguments), f"{name}() got")
