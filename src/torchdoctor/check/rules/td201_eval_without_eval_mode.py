@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import ast
+from typing import ClassVar
+
+from torchdoctor.check.loops import (
+    BUILT,
+    TRAIN,
+    TRAINED,
+    TRAINISH,
+    FileLoops,
+    ForwardCall,
+    Origin,
+    analysis,
+    describe_origins,
+    is_lightning_eval_hook,
+    is_test_file,
+)
+from torchdoctor.check.rule import Rule, Severity
+
+# a function can only hold evaluation code (or call it) if its text says so
+_WORDS = ("val", "test", "eval", "predict", "infer", "generate", "no_grad", "inference_mode")
+
+
+class EvalWithoutEvalMode(Rule):
+    """Evaluation code runs a model that is still in training mode.
+
+    ## What it does
+    Finds evaluation and inference code -- functions named like `evaluate`,
+    `validate`, `test`, `predict`, `infer`, `generate`; loops over a validation or
+    test loader; `torch.no_grad()` / `inference_mode()` blocks and decorators that
+    loop over data -- that runs a model whose mode, on some path, is still training
+    mode: `model.train()` was called, the model was just trained (its output reached
+    `backward()`), or it was just built (new modules start in training mode), and no
+    `model.eval()` came in between. It follows calls: an epoch loop that calls
+    `validate(model)` after `train(model)`, where `validate()` never calls
+    `model.eval()`, is reported at the `validate(...)` call.
+
+    Lightning's `validation_step`, `test_step` and `predict_step` are not reported:
+    Lightning switches to eval mode around them itself.
+
+    ## Why is this bad?
+    Nothing crashes; the numbers are just wrong. In training mode `nn.Dropout`
+    zeroes a random p of the activations (typically 10-50%) and scales the rest by
+    1/(1-p), so every evaluation pass sees a different, noisier network, and the
+    reported accuracy is typically a few points lower and changes between runs.
+    `nn.BatchNorm` normalises each batch with that batch's own mean and variance
+    instead of the running statistics -- with small or unshuffled evaluation
+    batches the outputs are badly off -- and it also *updates* the running
+    statistics (momentum 0.1) with validation data, so evaluating changes the
+    model you later save.
+
+    ## Example
+    ```python
+    for epoch in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            ...
+        with torch.no_grad():
+            for x, y in val_loader:
+                correct += (model(x).argmax(1) == y).sum()  # still in training mode
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            ...
+        model.eval()
+        with torch.no_grad():
+            for x, y in val_loader:
+                correct += (model(x).argmax(1) == y).sum()
+    ```
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.eval
+    - https://pytorch.org/docs/stable/notes/autograd.html#locally-disable-grad-doc
+    """
+
+    code = "TD201"
+    name = "eval-without-eval-mode"
+    category = "training"
+    severity = Severity.WARNING
+    triggers: ClassVar[tuple[str, ...]] = _WORDS
+
+    def finish(self) -> None:
+        if is_test_file(self.ctx.path):
+            return
+        fl = analysis(self.ctx)
+        for fi in fl.all_functions():
+            if not any(w in fi.text for w in _WORDS) or is_lightning_eval_hook(fi.name):
+                continue
+            if fi.cls is not None and fi.name in ("training_step", "forward"):
+                continue
+            seen: set[tuple[int, str]] = set()
+            for fc in fl.modes(fi).forwards:
+                if fc.region is None:
+                    continue
+                modes = TRAINISH if fc.region == "strong" else frozenset({TRAIN, TRAINED})
+                proof = self._proof_origins(fl, fc, modes)
+                if not proof:
+                    continue
+                slot = (id(fc.region_node), fc.key)
+                if slot in seen:
+                    continue
+                seen.add(slot)
+                self.report(fc.node, self._message(fc, proof), hint=self._hint(fc))
+
+    def _proof_origins(
+        self, fl: FileLoops, fc: ForwardCall, modes: frozenset[str]
+    ) -> frozenset[Origin]:
+        """The origins that show `fc.key` may be in training mode, minus deliberate ones."""
+        region = fc.region_node if fc.via is None else None
+        proof = set()
+        for o in fc.origins:
+            if o.mode not in modes:
+                continue
+            if o.mode == TRAIN and region is not None and _inside(o.node, region):
+                continue  # set right here on purpose (MC dropout, `if train: model.train()`)
+            if o.mode == BUILT:
+                if not fc.in_loop:
+                    continue  # one forward of a fresh model: a smoke test, not evaluation
+                name = self.ctx.qualname(o.node.func) if isinstance(o.node, ast.Call) else None
+                if name and fl.class_mode_sensitive(name.rsplit(".", 1)[-1]) is False:
+                    continue  # no Dropout/BatchNorm: the mode changes nothing
+            proof.add(o)
+        if proof and all(o.mode != BUILT for o in proof):
+            if fl.key_mode_sensitive(fc.key) is False:
+                return frozenset()
+        return frozenset(proof)
+
+    def _message(self, fc: ForwardCall, proof: frozenset[Origin]) -> str:
+        key = fc.key
+        because = _because(key, proof)
+        if fc.via is not None:
+            return (
+                f"`{self.ctx.segment(fc.node.func)}()` evaluates `{key}` (line {fc.inner_line}"
+                f" of {fc.via.label}) without `{key}.eval()`, and {because}: Dropout stays "
+                "active and BatchNorm uses batch statistics and overwrites its running ones"
+            )
+        return (
+            f"`{key}` runs in training mode in evaluation code: {because}; Dropout stays "
+            "active and BatchNorm uses batch statistics and overwrites its running ones"
+        )
+
+    def _hint(self, fc: ForwardCall) -> str:
+        return (
+            f"call `{fc.key}.eval()` before evaluating and `{fc.key}.train()` before training again"
+        )
+
+
+def _because(key: str, proof: frozenset[Origin]) -> str:
+    explicit = describe_origins(proof, frozenset({TRAIN}))
+    if explicit:
+        return f"{explicit} is still in effect"
+    trained = describe_origins(proof, frozenset({TRAINED}))
+    if trained:
+        return f"`{key}` was trained up to {trained} and nothing set it to eval mode since"
+    built = describe_origins(proof, frozenset({BUILT}))
+    return f"`{key}` was built by {built} (new modules start in training mode)"
+
+
+def _inside(node: ast.AST | None, region: ast.AST) -> bool:
+    line = getattr(node, "lineno", 0)
+    return bool(region.lineno <= line <= (region.end_lineno or region.lineno))  # type: ignore[attr-defined]

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torchdoctor.check.loops import EVAL, analysis
+from torchdoctor.check.rule import Rule, Severity
+
+
+class TrainModeNotRestored(Rule):
+    """A loop sets a model to eval mode and trains it again without `model.train()`.
+
+    ## What it does
+    Finds loops -- typically the epoch loop -- in which a model is trained
+    (its output reaches `backward()` / `optimizer.step()`, directly or inside a
+    called `train_one_epoch()`), then put into eval mode (`model.eval()`, directly
+    or inside a called `evaluate()` / `validate()`), and the loop comes back to the
+    training step with no `model.train()` on the way. It follows calls within the
+    file and into sibling files (`from engine import evaluate`).
+
+    ## Why is this bad?
+    Only the first epoch trains in training mode. From the second epoch on,
+    Dropout is off (the regularisation you configured silently disappears, so the
+    model overfits sooner) and BatchNorm normalises with its frozen running
+    statistics instead of batch statistics and stops updating them -- with a fresh
+    or fine-tuned network those statistics are stale, and training loss typically
+    stalls or diverges after epoch 1. Nothing raises an error.
+
+    ## Example
+    ```python
+    for epoch in range(epochs):
+        for x, y in train_loader:
+            loss = criterion(model(x), y)
+            ...
+        evaluate(model, val_loader)  # calls model.eval()
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            loss = criterion(model(x), y)
+            ...
+        evaluate(model, val_loader)
+    ```
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.train
+    """
+
+    code = "TD203"
+    name = "train-mode-not-restored"
+    category = "training"
+    severity = Severity.WARNING
+    triggers: ClassVar[tuple[str, ...]] = ("eval", "train(False")
+
+    def finish(self) -> None:
+        fl = analysis(self.ctx)
+        reported: set[int] = set()
+        for fi in fl.all_functions():
+            text = fi.text
+            if not ("for " in text or "while " in text):
+                continue
+            if not any(w in text for w in ("eval", "val", "test", "train(")):
+                continue
+            for step in fl.modes(fi).steps:
+                step_line = getattr(step.node, "lineno", 0)
+                for origin in sorted(step.origins, key=lambda o: o.line):
+                    if origin.mode != EVAL or origin.line <= step_line or origin.node is None:
+                        continue
+                    if id(origin.node) in reported:
+                        continue
+                    reported.add(id(origin.node))
+                    self.report(
+                        origin.node,
+                        f"{origin.what} is never undone: the loop comes back to {step.what} "
+                        f"at line {step_line}, which trains `{step.key}` in eval mode "
+                        "(Dropout off, BatchNorm frozen to its running statistics)",
+                        hint=f"call `{step.key}.train()` at the start of each epoch or after "
+                        "evaluating",
+                    )

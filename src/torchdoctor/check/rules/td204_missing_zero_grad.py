@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+import ast
+import re
+from typing import ClassVar
+
+from torchdoctor.check.loops import (
+    BACKWARD,
+    CALL,
+    SCALER_STEP,
+    STEP,
+    ZERO,
+    Event,
+    FileLoops,
+    FunctionInfo,
+    analysis,
+    dotted,
+    mentions_zeroing,
+)
+from torchdoctor.check.rule import Rule, Severity
+
+_OPTIMIZER_METHODS_THAT_DO_NOT_ZERO = frozenset(
+    {"step", "state_dict", "load_state_dict", "add_param_group", "param_groups", "state"}
+)
+
+
+class MissingZeroGrad(Rule):
+    """A training loop calls `backward()` and `optimizer.step()` but never zeroes gradients.
+
+    ## What it does
+    Finds loops that call `loss.backward()` and `optimizer.step()` (or
+    `scaler.step(optimizer)`) on every pass but never clear the gradients inside
+    the loop: no `optimizer.zero_grad()`, `model.zero_grad()`,
+    `zero_grad(set_to_none=True)`, `p.grad = None` or `p.grad.zero_()`, directly or
+    in a function the loop calls. A `zero_grad()` that runs once before the loop
+    does not count.
+
+    ## Why is this bad?
+    `backward()` *adds* into `.grad`; it never overwrites it. Without zeroing,
+    the gradient used by step *n* is the sum of the gradients of batches 1..n, so
+    the effective learning rate grows linearly with the step count: after 100
+    steps every update is about 100 times the intended one and points mostly in
+    the direction of old batches. Training loss typically plateaus or blows up to
+    `nan` after a few hundred steps. Nothing raises an error.
+
+    Gradient accumulation that steps every k batches still has to zero after each
+    step; see also TD205 and TD214.
+
+    ## Example
+    ```python
+    optimizer.zero_grad()
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        optimizer.zero_grad(set_to_none=True)
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.optim.Optimizer.zero_grad.html
+    - https://pytorch.org/tutorials/recipes/recipes/zeroing_out_gradients.html
+    """
+
+    code = "TD204"
+    name = "missing-zero-grad"
+    category = "training"
+    severity = Severity.WARNING
+    triggers: ClassVar[tuple[str, ...]] = ("backward",)
+
+    def finish(self) -> None:
+        fl = analysis(self.ctx)
+        for fi in fl.all_functions():
+            if "backward" not in fi.text or ".step(" not in fi.text:
+                continue
+            events = fl.events(fi)
+            done: set[int] = set()
+            for step in events:
+                if step.kind not in (STEP, SCALER_STEP):
+                    continue
+                loop = _training_loop(events, step)
+                if loop is None or id(loop) in done:
+                    continue
+                done.add(id(loop))
+                if self._zeroes(fl, fi, events, loop, step):
+                    continue
+                backward = next(e for e in events if e.kind == BACKWARD and e.in_loop(loop))
+                optimizer = step.subject if step.kind == STEP else step.target
+                before = [
+                    e
+                    for e in events
+                    if e.kind == ZERO and not e.in_loop(loop) and e.order < step.order
+                ]
+                once = (
+                    f"; `{self.ctx.segment(before[-1].node)}` at line {before[-1].line} runs "
+                    "only once, before the loop"
+                    if before
+                    else ""
+                )
+                self.report(
+                    step.node,
+                    f"`{self.ctx.segment(step.node)}` at line {step.line} follows "
+                    f"`{self.ctx.segment(backward.node)}` at line {backward.line} on every "
+                    f"pass of the loop at line {loop.lineno}, but nothing in the loop "  # type: ignore[attr-defined]
+                    f"zeroes the gradients: each step applies the sum of all gradients so "
+                    f"far{once}",
+                    hint=f"call `{optimizer or 'optimizer'}.zero_grad()` once per step, "
+                    "e.g. at the top of the loop",
+                )
+
+    def _zeroes(
+        self, fl: FileLoops, fi: FunctionInfo, events: list[Event], loop: ast.AST, step: Event
+    ) -> bool:
+        """Whether anything in `loop` may zero (or reset) the gradients."""
+        loop_text = self.ctx.segment(loop)
+        if mentions_zeroing(loop_text):
+            return True
+        optimizer = step.subject if step.kind == STEP else step.target
+        if optimizer is not None and re.search(re.escape(optimizer) + r"\s*=[^=]", loop_text):
+            return True  # a fresh optimizer (over fresh tensors) on every pass
+        for event in events:
+            if not event.in_loop(loop) or event.kind != CALL:
+                continue
+            call = event.node
+            assert isinstance(call, ast.Call)
+            resolved = fl.resolve(fi, call)
+            if resolved is not None:
+                if _callee_zeroes(resolved[0], 0):
+                    return True
+                continue
+            if optimizer is None:
+                continue
+            func = call.func
+            if (
+                isinstance(func, ast.Attribute)
+                and dotted(func.value) == optimizer
+                and func.attr not in _OPTIMIZER_METHODS_THAT_DO_NOT_ZERO
+            ):
+                return True  # optimizer.some_custom_reset()
+            if any(dotted(a) == optimizer for a in call.args) and not (
+                isinstance(func, ast.Attribute) and func.attr in ("step", "unscale_")
+            ):
+                return True  # handed to code we cannot see
+        return False
+
+
+def _training_loop(events: list[Event], step: Event) -> ast.AST | None:
+    """The innermost loop around `step` that also runs a backward() -- if the step runs
+    on every pass (or every k-th, `if i % k == 0`), not only on some last pass."""
+    for loop in reversed(step.loops()):
+        if not any(e.kind == BACKWARD and e.in_loop(loop) for e in events):
+            continue
+        for cond in step.conditions_in(loop):
+            text = ast.unparse(cond.test)
+            if "len(" in text or "last" in text or "final" in text or "end" in text:
+                return None  # steps once at the end: accumulation over the whole loop
+        return loop
+    return None
+
+
+def _callee_zeroes(fi: FunctionInfo, depth: int) -> bool:
+    if mentions_zeroing(fi.text):
+        return True
+    if depth >= 2:
+        return False
+    fl = fi.file
+    for event in fl.events(fi):
+        if event.kind == CALL and isinstance(event.node, ast.Call):
+            resolved = fl.resolve(fi, event.node)
+            if (
+                resolved is not None
+                and resolved[0] is not fi
+                and _callee_zeroes(resolved[0], depth + 1)
+            ):
+                return True
+    return False

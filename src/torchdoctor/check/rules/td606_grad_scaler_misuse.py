@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torchdoctor.check.loops import (
+    BACKWARD,
+    CLIP,
+    SCALER_STEP,
+    STEP,
+    UNSCALE,
+    Event,
+    analysis,
+    same_path,
+)
+from torchdoctor.check.rule import Rule, Severity
+
+
+class GradScalerMisuse(Rule):
+    """A `GradScaler` used so that scaled gradients reach the optimizer or the clipping.
+
+    ## What it does
+    Finds three mistakes around `torch.amp.GradScaler` (formerly
+    `torch.cuda.amp.GradScaler`):
+
+    - `scaler.scale(loss).backward()` followed by a plain `optimizer.step()`
+      instead of `scaler.step(optimizer)`;
+    - `scaler.step(optimizer)` in a loop that never calls `scaler.update()`;
+    - gradient clipping (`clip_grad_norm_`, `clip_grad_value_`) after
+      `scaler.scale(loss).backward()` without `scaler.unscale_(optimizer)` first.
+
+    ## Why is this bad?
+    `scaler.scale(loss)` multiplies the loss by the scale factor -- 65536 (2**16)
+    at the start -- so every gradient is 65536 times too large until
+    `scaler.step()` divides it back. A plain `optimizer.step()` applies the scaled
+    gradients (a 65536x learning rate: the weights become `inf`/`nan` within a few
+    steps) and also skips the check that drops steps with overflowed gradients.
+    Without `scaler.update()` the scale never adapts, and the second
+    `scaler.step()` raises `RuntimeError: step() has already been called since the
+    last update().` Clipping scaled gradients compares a norm that is 65536 times
+    too large with `max_norm`, so clipping fires on every step and shrinks every
+    update to a tiny fraction of what it should be.
+
+    ## Example
+    ```python
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    ```
+
+    ## References
+    - https://pytorch.org/docs/stable/amp.html#gradient-scaling
+    - https://pytorch.org/docs/stable/notes/amp_examples.html#gradient-clipping
+    """
+
+    code = "TD606"
+    name = "grad-scaler-misuse"
+    category = "training"
+    severity = Severity.WARNING
+    triggers: ClassVar[tuple[str, ...]] = ("scale",)
+
+    def finish(self) -> None:
+        fl = analysis(self.ctx)
+        for fi in fl.all_functions():
+            text = fi.text
+            if ".scale(" not in text and "scaler" not in text:
+                continue
+            events = fl.events(fi)
+            scaled = [e for e in events if e.kind == BACKWARD and e.scaler is not None]
+            reported: set[int] = set()
+            for backward in scaled:
+                window = self._after(events, backward)
+                for event in window:
+                    if id(event.node) in reported:
+                        continue
+                    message = self._check(window, backward, event)
+                    if message:
+                        reported.add(id(event.node))
+                        self.report(event.node, message[0], hint=message[1])
+            for step in events:
+                if step.kind != SCALER_STEP or not step.loops() or id(step.node) in reported:
+                    continue
+                loop = step.loops()[-1]
+                outer = step.loops()[0]
+                loop_text = self.ctx.segment(outer)
+                if f"{step.subject}.update(" in loop_text or "update()" in loop_text:
+                    continue
+                reported.add(id(step.node))
+                self.report(
+                    step.node,
+                    f"`{self.ctx.segment(step.node)}` at line {step.line} runs on every pass of "
+                    f"the loop at line {loop.lineno} but `{step.subject}.update()` never does: "  # type: ignore[attr-defined]
+                    "the second pass raises `RuntimeError: step() has already been called "
+                    "since the last update()` and the scale never adapts",
+                    hint=f"call `{step.subject}.update()` right after `{step.subject}.step(...)`",
+                )
+
+    def _after(self, events: list[Event], backward: Event) -> list[Event]:
+        """What can run after `backward`, up to the next backward() on that path."""
+        out = []
+        for event in events:
+            if event.order <= backward.order or not same_path(backward, event):
+                continue
+            if event.kind == BACKWARD:
+                break
+            out.append(event)
+        return out
+
+    def _check(self, events: list[Event], backward: Event, event: Event) -> tuple[str, str] | None:
+        scaler = backward.scaler
+        back = f"`{self.ctx.segment(backward.node)}` at line {backward.line}"
+        if event.kind == STEP:
+            if any(
+                e.kind == SCALER_STEP and e.target == event.subject and same_path(e, event)
+                for e in events
+            ):
+                return None  # `if amp: scaler.step(opt) else: opt.step()` and the like
+            return (
+                f"`{self.ctx.segment(event.node)}` at line {event.line} applies the gradients "
+                f"of {back} while they are still multiplied by `{scaler}`'s scale factor "
+                "(65536 at the start): updates are thousands of times too large and "
+                "overflowed steps are not skipped",
+                f"use `{scaler}.step({event.subject})` followed by `{scaler}.update()`",
+            )
+        if event.kind == CLIP:
+            stepped = any(e.kind in (SCALER_STEP, STEP) and e.order < event.order for e in events)
+            unscaled = any(
+                e.kind == UNSCALE and e.order < event.order and same_path(e, event) for e in events
+            )
+            if unscaled or stepped:
+                return None
+            return (
+                f"`{self.ctx.segment(event.node)}` at line {event.line} clips the gradients "
+                f"of {back} while they are still multiplied by `{scaler}`'s scale factor "
+                "(65536 at the start): clipping fires on every step and shrinks each update "
+                "to a tiny fraction",
+                f"call `{scaler}.unscale_(optimizer)` before clipping",
+            )
+        return None
