@@ -270,6 +270,8 @@ def test_bad_paths_and_arguments(tmp_path: Path) -> None:
         td.load_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match=r"the folder .* does not exist"):
         td.save_checkpoint(tmp_path / "no" / "such" / "dir.pt", model=Net())
+    with pytest.raises(InvalidArgumentError, match=r"must be a str or os\.PathLike, not int"):
+        td.load_checkpoint(3)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="nothing to save"):
         td.save_checkpoint(tmp_path / "x.pt")
     with pytest.raises(InvalidArgumentError, match=r"must be an nn\.Module"):

@@ -80,7 +80,7 @@ def save_checkpoint(path: str | os.PathLike[str], **objects: Any) -> Path:
         )
     if META_KEY in objects:
         raise InvalidArgumentError(f"{META_KEY!r} is reserved for torchdoctor's metadata")
-    target = Path(os.fspath(path))
+    target = _as_path(path)
     kinds: dict[str, str] = {}
     payload: dict[str, Any] = {}
     for name, obj in objects.items():
@@ -92,6 +92,14 @@ def save_checkpoint(path: str | os.PathLike[str], **objects: Any) -> Path:
     payload[META_KEY] = {"format": FORMAT_VERSION, "torch": str(torch.__version__), "kinds": kinds}
     _atomic_save(payload, target)
     return target
+
+
+def _as_path(path: object) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(
+            f"a checkpoint path must be a str or os.PathLike, not {type(path).__name__}"
+        )
+    return Path(os.fspath(path))
 
 
 def _temp_prefix(target: Path) -> str:
@@ -416,7 +424,7 @@ def load_checkpoint(
             f"load_checkpoint(optimizer=...) must have load_state_dict(), "
             f"not a {type(optimizer).__name__}"
         )
-    target = Path(os.fspath(path))
+    target = _as_path(path)
     map_location = pick_device(device) if device is not None else _default_device(model)
     data = _read(target, map_location, weights_only)
     if isinstance(data, nn.Module):
