@@ -12,6 +12,12 @@ class LoadWithoutMapLocation(Rule):
     ## What it does
     Finds calls to `torch.load` that do not pass `map_location`.
 
+    Loads that cannot hit the problem are left alone: a round trip that
+    `torch.save`s to the same file or buffer earlier in the same function (the
+    saving device is this machine's), and loads from in-memory `io.BytesIO`
+    buffers, which hold bytes the program produced itself (pickling, RPC, archive
+    members) and whose devices it means to restore.
+
     ## Why is this bad?
     `torch.save` records the device of every tensor. Without `map_location`,
     `torch.load` puts each tensor back on that device, so a checkpoint written on
@@ -57,6 +63,9 @@ class LoadWithoutMapLocation(Rule):
             return
         if len(node.args) >= 2 or any(kw.arg in ("map_location", None) for kw in node.keywords):
             return  # positional map_location, or **kwargs that may carry it
+        source = node.args[0]
+        if self._in_memory(source) or self._saved_here(source):
+            return
         last = max(
             (*node.args, *node.keywords),
             key=lambda n: (getattr(n, "end_lineno", 0), getattr(n, "end_col_offset", 0)),
@@ -71,3 +80,54 @@ class LoadWithoutMapLocation(Rule):
             "were saved from; it fails on a machine without that GPU",
             fix=fix,
         )
+
+    def _scope(self) -> ast.AST:
+        function = self.ctx.enclosing_function()
+        return function if function is not None else self.ctx.tree
+
+    def _in_memory(self, source: ast.expr) -> bool:
+        """`torch.load(io.BytesIO(data))`, or a name bound to one in this function (or a
+        parameter annotated `BytesIO`): bytes this program holds in memory (pickling,
+        RPC, archives), whose devices it means to restore."""
+        if isinstance(source, ast.Call):
+            return _is_bytes_io(self.ctx.qualname(source.func))
+        if not isinstance(source, ast.Name):
+            return False
+        scope = self._scope()
+        if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+            for arg in (*scope.args.posonlyargs, *scope.args.args, *scope.args.kwonlyargs):
+                if (
+                    arg.arg == source.id
+                    and arg.annotation is not None
+                    and "BytesIO" in self.ctx.segment(arg.annotation)
+                ):
+                    return True
+        for sub in ast.walk(scope):
+            if (
+                isinstance(sub, ast.Assign)
+                and isinstance(sub.value, ast.Call)
+                and _is_bytes_io(self.ctx.qualname(sub.value.func))
+                and any(isinstance(t, ast.Name) and t.id == source.id for t in sub.targets)
+            ):
+                return True
+        return False
+
+    def _saved_here(self, source: ast.expr) -> bool:
+        """The same function first `torch.save`s to this very file or buffer: a round
+        trip on one machine, where the saving device exists."""
+        scope = self._scope()
+        target = self.ctx.segment(source)
+        for sub in ast.walk(scope):
+            if (
+                isinstance(sub, ast.Call)
+                and len(sub.args) >= 2
+                and sub.lineno < source.lineno  # type: ignore[attr-defined]
+                and self.ctx.call_name(sub) == "torch.save"
+                and self.ctx.segment(sub.args[1]) == target
+            ):
+                return True
+        return False
+
+
+def _is_bytes_io(name: str | None) -> bool:
+    return name in ("io.BytesIO", "BytesIO")
