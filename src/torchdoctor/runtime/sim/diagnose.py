@@ -36,6 +36,7 @@ class Culprit:
     owner: Any = None  # the module holding it, if any
     registered: bool = True  # False: held by a module the model does not register
     made_in_module: bool = False  # a local (not an argument) of a module's method
+    value: Any = None  # the named tensor itself (the whole attribute, not the op's view of it)
 
 
 @dataclass
@@ -140,16 +141,16 @@ def _unregistered_path(sub: Module, root: Module, root_name: str) -> str | None:
     return None
 
 
-def _name_in_module(storage: Any, module: Module) -> tuple[str, str] | None:
+def _name_in_module(storage: Any, module: Module) -> tuple[str, str, Tensor] | None:
     for name, param in module.named_parameters(recurse=False):
         if _storage(param) is storage:
-            return name, "parameter"
+            return name, "parameter", param
     for name, buf in module.named_buffers(recurse=False):
         if buf is not None and _storage(buf) is storage:
-            return name, "buffer"
+            return name, "buffer", buf
     for name, value in vars(module).items():
         if isinstance(value, Tensor) and not name.startswith("_") and _storage(value) is storage:
-            return name, "plain tensor attribute, not a buffer"
+            return name, "plain tensor attribute, not a buffer", value
     return None
 
 
@@ -189,7 +190,7 @@ def _name_operand(
         hit = _name_in_module(storage, module)
         if hit is None:
             continue
-        name, kind = hit
+        name, kind, culprit.value = hit
         path = None if root is None else _module_path(module, root, root_name)
         culprit.registered = root is None or path is not None
         if path is None and root is not None:
@@ -209,6 +210,7 @@ def _name_operand(
                 where = f"{code.co_name}() at {_short(code.co_filename)}"
                 arguments = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
                 culprit.name = name
+                culprit.value = value
                 culprit.kind = f"local variable in {where}"
                 culprit.made_in_module = name not in arguments and isinstance(
                     frame.f_locals.get("self"), Module

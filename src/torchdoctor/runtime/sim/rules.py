@@ -56,6 +56,7 @@ class Violation(Exception):
         self.exc_type = exc_type
         self.output_device = output_device
         self.kind = kind
+        self.operands: list[Operand] = []  # every tensor operand of the call
 
 
 def operand_device(t: Tensor, tag: Any) -> Any:
@@ -504,29 +505,33 @@ def check(
             if source is not None:
                 return _resolve_wild(ops, source, set_tag), ops
         return first, ops
-    if kind == "ti":
-        common = check_tensor_iterator(ops)
-    elif kind == "where":
-        common = check_where(ops)
-    elif kind == "index":
-        common = check_index(ops)
-    elif kind == "masked_fill":
-        common = check_masked_fill(ops)
-    elif kind == "embedding":
-        common = check_embedding(ops, key)
-    elif kind == "conv":
-        common = check_conv(ops)
-    elif kind == "foreach":
-        common = check_foreach(ops)
-    elif kind == "pack":
-        common = check_pack(func.__name__, ops)
-    elif kind == "checked":
-        names = _CHECKED_NAMES[func]
-        if func.__name__.startswith("_ctc_loss"):
-            names = tuple(n for n in names if n != "targets")
-        common = check_first_fixes(ops, names, wrapper, key)
-    else:
-        common = check_first_fixes(ops, None, "", key)
+    try:
+        if kind == "ti":
+            common = check_tensor_iterator(ops)
+        elif kind == "where":
+            common = check_where(ops)
+        elif kind == "index":
+            common = check_index(ops)
+        elif kind == "masked_fill":
+            common = check_masked_fill(ops)
+        elif kind == "embedding":
+            common = check_embedding(ops, key)
+        elif kind == "conv":
+            common = check_conv(ops)
+        elif kind == "foreach":
+            common = check_foreach(ops)
+        elif kind == "pack":
+            common = check_pack(func.__name__, ops)
+        elif kind == "checked":
+            names = _CHECKED_NAMES[func]
+            if func.__name__.startswith("_ctc_loss"):
+                names = tuple(n for n in names if n != "targets")
+            common = check_first_fixes(ops, names, wrapper, key)
+        else:
+            common = check_first_fixes(ops, None, "", key)
+    except Violation as violation:
+        violation.operands = ops
+        raise
     if isinstance(common, PerPosition):
         return common, ops
     return _resolve_wild(ops, common, set_tag), ops

@@ -13,11 +13,11 @@ import torch
 from torch.utils._python_dispatch import _pop_mode, _push_mode
 
 from torchdoctor.errors import SimulationUnsupportedError, UsageError
-from torchdoctor.runtime.sim.devices import VirtualDevices
+from torchdoctor.runtime.sim.devices import WILD, VirtualDevices, set_tag
 from torchdoctor.runtime.sim.diagnose import Diagnosis, diagnose
 from torchdoctor.runtime.sim.mode import SimulatedError, VirtualDeviceMode
 from torchdoctor.runtime.sim.patches import Patches
-from torchdoctor.runtime.sim.rules import Violation
+from torchdoctor.runtime.sim.rules import CPU_BY_DESIGN, Violation
 
 BACKENDS = ("cuda", "mps")
 
@@ -64,7 +64,43 @@ def _add_note(error: BaseException, note: str) -> None:
         error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
+def _heal(violation: Violation, diagnosis: Diagnosis) -> Any:
+    """Keep-going: move the stray operand to the GPU side, as the fix would.
+
+    Without it one mistake repeats at every later use, and its backward fails
+    again on the saved CPU tensors. What moves is the named tensor (a module's
+    attribute, a local variable); a view of a larger storage (a slice of the whole
+    dataset) is left alone, since retagging it would move the whole dataset.
+    Returns the device the call's outputs take.
+    """
+    if violation.kind not in ("mismatch", "index"):
+        return violation.output_device
+    named = {c.role: c.value for c in diagnosis.operands}
+    pairs = [("reference", violation.reference), ("culprit", violation.culprit)]
+    pairs += [("", op) for op in violation.operands]
+    devices = [op.device for _, op in pairs if op is not None]
+    target = next((d for d in devices if d is not None and d is not WILD), None)
+    if target is None:
+        return violation.output_device
+    for role, op in pairs:
+        if op is None or op.device is WILD or op.device == target or op.name in CPU_BY_DESIGN:
+            continue
+        if op.device is None and op.tensor.dim() == 0 and not op.is_output:
+            continue  # a CPU scalar: allowed beside GPU tensors where it matters
+        for t in (named.get(role), op.tensor):
+            if isinstance(t, torch.Tensor) and _owns_storage(t):
+                set_tag(t, target)
+                break
+    return target
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    nbytes = t.untyped_storage().nbytes()
+    return t.storage_offset() == 0 and nbytes == t.numel() * t.element_size()
+
+
 _active: Simulation | None = None
+
 _lock = threading.Lock()
 
 
@@ -219,7 +255,8 @@ class Simulation:
                 )
             else:
                 record[1] += 1
-            return violation.output_device
+            return _heal(violation, diagnosis)
+
         error_type = _ERROR_TYPES.get(violation.exc_type, VirtualDeviceError)
         error = error_type(violation.message)
         error.diagnosis = diagnosis  # type: ignore[attr-defined]
