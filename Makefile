@@ -21,6 +21,10 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	@echo "== torchdoctor check examples/  (static: finds the bugs before anything runs)"
 	@$(BIN)/torchdoctor check examples/ --no-cache; test $$? -le 1
+	@echo
+	@echo "== torchdoctor run --simulate cuda --keep-going examples/buggy/train.py  (a virtual GPU on this CPU machine)"
+	@cd examples/buggy && PYTHONWARNINGS=ignore::FutureWarning \
+		../../$(BIN)/torchdoctor run --simulate cuda --keep-going --no-guard train.py; test $$? -le 1
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks
