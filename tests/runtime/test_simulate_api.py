@@ -19,6 +19,15 @@ from torchdoctor.runtime.simulate import Simulation, VirtualDeviceError, active
 CUDA0, CUDA1, CPU = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread: on a busy 2-core machine OpenMP threads only wait for each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def sim() -> Iterator[Simulation]:
     with td.simulate("cuda", devices=2) as simulation:

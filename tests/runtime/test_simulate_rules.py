@@ -28,6 +28,15 @@ CPU = torch.device("cpu")
 TWO_DEVICES = "Expected all tensors to be on the same device, but found at least two devices, "
 
 
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread: on a busy 2-core machine OpenMP threads only wait for each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def sim() -> Iterator[Simulation]:
     with td.simulate("cuda") as simulation:

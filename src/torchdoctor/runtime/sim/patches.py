@@ -185,9 +185,13 @@ class Patches:
                 set_tag(out, ctx.src)
                 return out, None, None, None
 
+        session = self.session
+
         def move(t: Tensor, dst: Any, dtype: Any, memory_format: Any) -> Tensor:
+            session.moves += 1
             if memory_format is None:
                 memory_format = torch.preserve_format
+
             if t.requires_grad and torch.is_grad_enabled():
                 out = _DeviceMove.apply(t, dst, dtype, memory_format)  # type: ignore[no-untyped-call]
             else:

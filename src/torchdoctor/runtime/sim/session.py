@@ -149,6 +149,8 @@ class Simulation:
         self._mode: VirtualDeviceMode | None = None
         self._thread: int | None = None
         self.lenient = 0  # > 0 inside composites that allocate unseen CPU tensors
+        self.moves = 0  # tensors copied between devices (.to/.cuda/.cpu)
+
 
     # -- lifecycle -----------------------------------------------------------
 
