@@ -87,18 +87,30 @@ class VirtualDevices:
         return isinstance(device, torch.device) and device.type == self.backend
 
 
+def _storage_holder(t: Tensor) -> Tensor:
+    """The tensor whose storage carries the tag: a sparse tensor's values."""
+    if t.layout == torch.sparse_coo:
+        return t._values()
+    if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        return t.values()
+    return t
+
+
 def tag_of(t: Tensor) -> Any:
     """The raw tag: an interned virtual device, WILD, or None (cpu)."""
     try:
         return getattr(t.untyped_storage(), TAG, None)
     except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, fake
-        return None
+        try:
+            return getattr(_storage_holder(t).untyped_storage(), TAG, None)
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None
 
 
 def set_tag(t: Tensor, device: Any) -> None:
     """Put `t` (and every alias of its storage) on a virtual device; None = cpu."""
     try:
-        storage = t.untyped_storage()
+        storage = _storage_holder(t).untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):
         return
     if device is None:

@@ -39,7 +39,10 @@ def _tag_outputs(out: Any, dev: Any) -> None:
                     if getattr(storage, TAG, None) is not dev:
                         setattr(storage, TAG, dev)
     except (RuntimeError, NotImplementedError, TypeError):
-        pass  # outputs without a storage (sparse, nested): not tracked
+        # sparse outputs keep the tag on their values; nested ones are not tracked
+        for item in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(item, Tensor):
+                set_tag(item, dev)
 
 
 class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]

@@ -1033,11 +1033,79 @@ class Patches:
 
             self.patcher.set(dist, "init_process_group", init_process_group)
 
-        real_replicate = torch.nn.parallel.replicate
+        self._data_parallel()
 
-        def replicate(network: Any, devices: Any, detach: bool = False) -> Any:
-            if len(devices) > 1:
-                session.unsupported("nn.DataParallel across several devices")
-            return real_replicate(network, devices, detach)
+    def _data_parallel(self) -> None:
+        """nn.DataParallel's collectives (torch.nn.parallel.comm) as plain device copies."""
+        from torch.nn.parallel import comm
 
-        self.patcher.set(torch.nn.parallel.data_parallel, "replicate", replicate)
+        patches = self
+        backend = self.backend
+
+        def device(index: Any) -> torch.device:
+            if isinstance(index, torch.device) and index.type == "cpu":
+                return CPU
+            return torch.device(backend, patches._index(index))
+
+        def scatter(
+            tensor: Tensor,
+            devices: Any = None,
+            chunk_sizes: Any = None,
+            dim: int = 0,
+            streams: Any = None,
+            *,
+            out: Any = None,
+        ) -> tuple[Tensor, ...]:
+            if out is not None:
+                devices = [t.device for t in out]
+            targets = [device(d) for d in devices]
+            if chunk_sizes is None:
+                chunks = tensor.chunk(len(targets), dim)
+            else:
+                chunks = tensor.split(list(chunk_sizes), dim)
+            return tuple(c.contiguous().to(d) for c, d in zip(chunks, targets, strict=False))
+
+        def gather(
+            tensors: Any, dim: int = 0, destination: Any = None, *, out: Any = None
+        ) -> Tensor:
+            if destination == -1 or destination == "cpu":
+                target: Any = CPU
+            else:
+                target = device(destination)
+            return torch.cat([t.to(target) for t in tensors], dim)
+
+        def broadcast(tensor: Tensor, devices: Any = None, *, out: Any = None) -> Any:
+            return tuple(tensor.to(device(d)) for d in devices)
+
+        def broadcast_coalesced(tensors: Any, devices: Any, buffer_size: int = 0) -> Any:
+            return [[t.to(device(d)) for t in tensors] for d in devices]
+
+        def reduce_add(inputs: Any, destination: Any = None) -> Tensor:
+            target = device(destination)
+            total = inputs[0].to(target, copy=True)
+            for t in inputs[1:]:
+                total += t.to(target)
+            return total  # type: ignore[no-any-return]
+
+        def reduce_add_coalesced(inputs: Any, destination: Any = None, buffer_size: int = 0) -> Any:
+            return [reduce_add(list(group), destination) for group in zip(*inputs, strict=True)]
+
+        for name, value in (
+            ("scatter", scatter),
+            ("gather", gather),
+            ("broadcast", broadcast),
+            ("broadcast_coalesced", broadcast_coalesced),
+            ("reduce_add", reduce_add),
+            ("reduce_add_coalesced", reduce_add_coalesced),
+        ):
+            self.patcher.set(comm, name, value)
+        # Scatter copies CPU inputs on side streams made from torch.device(<int>), which
+        # needs a real accelerator; the copies need no streams here.
+        from torch.nn.parallel import _functions
+
+        def scatter_forward(ctx: Any, target_gpus: Any, chunk_sizes: Any, dim: int, x: Any) -> Any:
+            ctx.dim = dim
+            ctx.input_device = x.get_device() if x.device.type != "cpu" else -1
+            return comm.scatter(x, target_gpus, chunk_sizes, dim, None)
+
+        self.patcher.set(_functions.Scatter, "forward", staticmethod(scatter_forward))

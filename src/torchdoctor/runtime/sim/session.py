@@ -151,7 +151,6 @@ class Simulation:
         self.lenient = 0  # > 0 inside composites that allocate unseen CPU tensors
         self.moves = 0  # tensors copied between devices (.to/.cuda/.cpu)
 
-
     # -- lifecycle -----------------------------------------------------------
 
     def start(self) -> Simulation:
