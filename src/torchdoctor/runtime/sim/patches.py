@@ -1062,7 +1062,7 @@ class Patches:
             if chunk_sizes is None:
                 chunks = tensor.chunk(len(targets), dim)
             else:
-                chunks = tensor.split(list(chunk_sizes), dim)
+                chunks = torch.split(tensor, list(chunk_sizes), dim)
             return tuple(c.contiguous().to(d) for c, d in zip(chunks, targets, strict=False))
 
         def gather(
@@ -1106,6 +1106,6 @@ class Patches:
         def scatter_forward(ctx: Any, target_gpus: Any, chunk_sizes: Any, dim: int, x: Any) -> Any:
             ctx.dim = dim
             ctx.input_device = x.get_device() if x.device.type != "cpu" else -1
-            return comm.scatter(x, target_gpus, chunk_sizes, dim, None)
+            return scatter(x, target_gpus, chunk_sizes, dim, None)
 
         self.patcher.set(_functions.Scatter, "forward", staticmethod(scatter_forward))
