@@ -246,3 +246,18 @@ def test_keep_going_continues_past_every_kind_of_error() -> None:
     assert [d.code for d in sim.errors] == ["TD112", "TD106", "TD101"]
     assert [count for _, count in sim.records.values()] == [1, 3, 1]
     assert "3 distinct device error(s) (5 occurrence(s))" in report.getvalue()
+
+
+def test_deepcopy_and_storage_access_keep_devices(sim: Simulation) -> None:
+    import copy
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)).cuda()
+    twin = copy.deepcopy(model)
+    for module in (model, twin):
+        assert all(t.device == CUDA0 for t in [*module.parameters(), *module.buffers()])
+    weight = model[0].weight
+    repr(weight.untyped_storage())  # C++ wraps the storage in temporary tensors (set_)
+    weight.untyped_storage().tolist()
+    assert weight.device == CUDA0 and model[1].running_mean.device == CUDA0
+    with pytest.raises(VirtualDeviceError):
+        twin[1].running_mean + torch.ones(3)  # the copy's buffers are on the GPU too

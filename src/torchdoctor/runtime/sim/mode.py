@@ -53,13 +53,13 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
         self.session = session
         self.key = session.devices.backend.upper()  # CUDA: as in wrapper_CUDA_addmm
         aten = torch.ops.aten
-        # ops whose outputs do not all follow the common device (rule 9)
-        self.slow_ops = frozenset(
-            {
-                aten._pack_padded_sequence.default,
-                aten._pad_packed_sequence.default,
-            }
+        # ops whose outputs do not all follow the common device: packed sequences
+        # (rule 9), and set_(storage), whose output takes the storage it is given
+        self.pack_ops = frozenset(
+            {aten._pack_padded_sequence.default, aten._pad_packed_sequence.default}
         )
+        self.slow_ops = self.pack_ops | {getattr(aten.set_, n) for n in aten.set_.overloads()}
+
         self._alias: dict[Any, tuple[bool, ...]] = {}
 
     @classmethod
@@ -144,7 +144,7 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
         if violation is not None:  # outside the except block: no chained traceback
             out_dev = self.session.violation(violation, op=func)
         out = func(*args, **kwargs)
-        if func in self.slow_ops:  # (data, batch_sizes/lengths): the second stays on the CPU
+        if func in self.pack_ops:  # (data, batch_sizes/lengths): the second stays on the CPU
             _tag_outputs(out[0], out_dev)
             set_tag(out[1], None)
             return out
