@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import socket
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -242,10 +243,49 @@ def _read(path: Path, device: torch.device, weights_only: bool) -> Any:
             "torch.distributed.checkpoint save?)",
             fix="pass the path of a file written by torch.save / td.save_checkpoint",
         )
+    opened, damage = _check_records(path)
+    if opened and damage:  # a record fails its checksum: do not even unpickle it
+        raise _corrupt(path, damage)
     try:
-        return torch.load(path, map_location=device, weights_only=weights_only)
+        data = torch.load(path, map_location=device, weights_only=weights_only)
     except Exception as exc:  # every torch/pickle failure gets a diagnosis from the header
         raise _describe_unreadable(path, exc) from exc
+    if damage:  # zipfile could not read the archive's directory, torch.load could
+        raise _corrupt(path, damage)
+    return data
+
+
+def _corrupt(path: Path, reason: str) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is corrupt ({reason}): it changed after it was written "
+        "(a bad disk or copy, an interrupted save or download)",
+        fix="save it again, re-download it, or use an earlier checkpoint",
+    )
+
+
+def _check_records(path: Path) -> tuple[bool, str]:
+    """Check the CRC-32 torch.save stores for every record of its zip archive.
+
+    torch.load does not: a flipped bit in the weights (or in the pickle that names
+    them) would load silently as different numbers. Returns (whether the archive
+    could be opened, why it is damaged or "").
+    """
+    opened = False
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(4) != b"PK\x03\x04":
+                return False, ""  # the legacy pickle format has no checksums
+            with zipfile.ZipFile(handle) as archive:
+                opened = True
+                for info in archive.infolist():
+                    if info.CRC == 0 and info.file_size:
+                        continue  # saved with torch.serialization.config.save.compute_crc32 off
+                    with archive.open(info) as record:
+                        while record.read(1 << 20):  # a CRC mismatch raises at the end
+                            pass
+    except Exception as exc:  # BadZipFile, or whatever a damaged header makes zipfile raise
+        return opened, str(exc) or type(exc).__name__
+    return True, ""
 
 
 def _pick_entry(
