@@ -350,3 +350,12 @@ def test_sparse_grads() -> None:
     e = nn.Embedding(10, 3, sparse=True).to(dev)
     e(torch.tensor([1, 2], device=dev)).sum().backward()
     torch.optim.SGD(e.parameters(), lr=0.1).step()
+
+
+def test_lazy_modules() -> None:
+    """lazy modules materialize on the virtual GPU"""
+    model = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.LazyLinear(2)).to(dev)
+    out = model(torch.randn(3, 5, device=dev))
+    out.sum().backward()
+    assert out.is_cuda and model[0].weight.is_cuda
+    assert model[0].weight.grad is not None and model[0].weight.grad.is_cuda

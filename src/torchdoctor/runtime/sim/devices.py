@@ -100,10 +100,10 @@ def tag_of(t: Tensor) -> Any:
     """The raw tag: an interned virtual device, WILD, or None (cpu)."""
     try:
         return getattr(t.untyped_storage(), TAG, None)
-    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, fake
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):  # sparse, nested, fake
         try:
             return getattr(_storage_holder(t).untyped_storage(), TAG, None)
-        except (RuntimeError, NotImplementedError, TypeError):
+        except (RuntimeError, NotImplementedError, TypeError, ValueError):
             return None
 
 
@@ -111,7 +111,7 @@ def set_tag(t: Tensor, device: Any) -> None:
     """Put `t` (and every alias of its storage) on a virtual device; None = cpu."""
     try:
         storage = _storage_holder(t).untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
         return
     if device is None:
         storage.__dict__.pop(TAG, None)
@@ -137,12 +137,12 @@ def describe(dev: Any) -> str:
 def set_site(t: Tensor, site: tuple[str, int, str, str] | None) -> None:
     if site is None:
         return
-    with contextlib.suppress(RuntimeError, NotImplementedError, TypeError):
+    with contextlib.suppress(RuntimeError, NotImplementedError, TypeError, ValueError):
         setattr(t.untyped_storage(), SITE, site)
 
 
 def site_of(t: Tensor) -> tuple[str, int, str, str] | None:
     try:
         return getattr(t.untyped_storage(), SITE, None)
-    except (RuntimeError, NotImplementedError, TypeError):
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
         return None

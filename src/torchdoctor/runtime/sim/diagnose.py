@@ -87,7 +87,7 @@ def _short(path: str) -> str:
 def _storage(t: Tensor) -> Any:
     try:
         return t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
         return None
 
 

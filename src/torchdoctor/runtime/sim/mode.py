@@ -38,7 +38,7 @@ def _tag_outputs(out: Any, dev: Any) -> None:
                     storage = item.untyped_storage()
                     if getattr(storage, TAG, None) is not dev:
                         setattr(storage, TAG, dev)
-    except (RuntimeError, NotImplementedError, TypeError):
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
         # sparse outputs keep the tag on their values; nested ones are not tracked
         for item in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(item, Tensor):
@@ -109,7 +109,7 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
                         elif d is not dev:
                             mixed = True
                             break
-        except (RuntimeError, NotImplementedError, TypeError):
+        except (RuntimeError, NotImplementedError, TypeError, ValueError):
             mixed = True  # an operand without a storage (sparse, nested)
         if mixed:
             try:

@@ -275,6 +275,10 @@ class Patches:
         p.set(Tensor, "cuda", cuda)
         p.set(Tensor, "cpu", cpu)
         self.to_device = to_device
+        # Lazy modules' uninitialized parameters only allow the methods they know
+        lazy = torch.nn.parameter.UninitializedTensorMixin
+        allowed = [*lazy._allowed_methods, to, cuda, cpu, Tensor.__dict__["get_device"]]
+        p.set(lazy, "_allowed_methods", allowed)
 
         # nn.Module.to parses its arguments with _parse_to, which rejects a bare ordinal
         real_parse_to = torch._C._nn._parse_to
@@ -444,7 +448,7 @@ class Patches:
         def is_pinned(self: Tensor, device: Any = None) -> bool:
             try:
                 return bool(getattr(self.untyped_storage(), PINNED, False))
-            except (RuntimeError, NotImplementedError, TypeError):
+            except (RuntimeError, NotImplementedError, TypeError, ValueError):
                 return False
 
         p.set(Tensor, "numpy", numpy)
