@@ -58,7 +58,9 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
         self.pack_ops = frozenset(
             {aten._pack_padded_sequence.default, aten._pad_packed_sequence.default}
         )
-        self.slow_ops = self.pack_ops | {getattr(aten.set_, n) for n in aten.set_.overloads()}
+        set_overloads = aten.set_.overloads()  # type: ignore[no-untyped-call]
+        self.slow_ops = self.pack_ops | {getattr(aten.set_, n) for n in set_overloads}
+
 
         self._alias: dict[Any, tuple[bool, ...]] = {}
 

@@ -276,7 +276,7 @@ class Patches:
         p.set(Tensor, "cpu", cpu)
         self.to_device = to_device
         # Lazy modules' uninitialized parameters only allow the methods they know
-        lazy = torch.nn.parameter.UninitializedTensorMixin
+        lazy: Any = torch.nn.parameter.UninitializedTensorMixin  # type: ignore[attr-defined]
         allowed = [*lazy._allowed_methods, to, cuda, cpu, Tensor.__dict__["get_device"]]
         p.set(lazy, "_allowed_methods", allowed)
 
