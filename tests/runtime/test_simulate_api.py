@@ -261,3 +261,14 @@ def test_deepcopy_and_storage_access_keep_devices(sim: Simulation) -> None:
     assert weight.device == CUDA0 and model[1].running_mean.device == CUDA0
     with pytest.raises(VirtualDeviceError):
         twin[1].running_mean + torch.ones(3)  # the copy's buffers are on the GPU too
+
+
+def test_functions_grabbed_inside_behave_for_real_afterwards() -> None:
+    with td.simulate("cuda"):
+        from torch import zeros
+
+        is_available = torch.cuda.is_available
+        assert zeros(1, device="cuda").device == CUDA0 and is_available()
+    assert not is_available()
+    with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
+        zeros(1, device="cuda")

@@ -254,6 +254,7 @@ def test_host_transfer() -> None:
     cpu_table[int(torch.tensor(3, device=dev))]
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_autocast_bf16() -> None:
     """autocast bf16"""
     m = nn.Linear(4, 4).to(dev)
@@ -263,6 +264,7 @@ def test_autocast_bf16() -> None:
         m(torch.randn(2, 4, device=dev))
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_transformer_enc_dec() -> None:
     """transformer enc-dec"""
     t = nn.Transformer(8, 2, 1, 1, 16, batch_first=True).to(dev)
@@ -325,6 +327,7 @@ def test_complex_fft() -> None:
     torch.stft(s, 8, window=torch.hann_window(8, device=dev), return_complex=True)
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_torch_cuda_amp_gradscaler_legacy_fused_adam() -> None:
     """torch.cuda.amp.GradScaler legacy + fused adam"""
     m = nn.Linear(4, 4).to(dev)

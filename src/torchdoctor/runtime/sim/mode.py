@@ -61,7 +61,6 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
         set_overloads = aten.set_.overloads()  # type: ignore[no-untyped-call]
         self.slow_ops = self.pack_ops | {getattr(aten.set_, n) for n in set_overloads}
 
-
         self._alias: dict[Any, tuple[bool, ...]] = {}
 
     @classmethod

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
+import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -45,18 +47,39 @@ _base = torch._C.TensorBase  # type: ignore[attr-defined]
 
 
 class Patcher:
-    """Replaces attributes and restores them, in reverse order."""
+    """Replaces attributes and restores them, in reverse order.
+
+    A replaced function stays guarded after the restore: code that grabbed it while the
+    simulation ran (`from torch import zeros` in a module imported then) gets the real
+    function's behaviour once the simulation is over.
+    """
 
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
+        self.closed = False
 
     def set(self, owner: Any, name: str, value: Any) -> None:
         namespace = getattr(owner, "__dict__", None)
         old = namespace.get(name, _MISSING) if namespace is not None else _MISSING
+        real = getattr(owner, name, _MISSING) if old is _MISSING else old
+        if isinstance(value, types.FunctionType) and callable(real):
+            value = self._guard(value, real)
         self._saved.append((owner, name, old))
         setattr(owner, name, value)
 
+    def _guard(self, value: Callable[..., Any], real: Callable[..., Any]) -> Callable[..., Any]:
+        patcher = self
+
+        @functools.wraps(value)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if patcher.closed:
+                return real(*args, **kwargs)
+            return value(*args, **kwargs)
+
+        return guarded
+
     def restore(self) -> None:
+        self.closed = True
         while self._saved:
             owner, name, old = self._saved.pop()
             if old is _MISSING:
@@ -66,7 +89,24 @@ class Patcher:
                 setattr(owner, name, old)
 
 
+_holders_cache: tuple[int, list[Any]] = (-1, [])
+
+
+def _holders(function: Any) -> list[Any]:
+    """The torch modules that imported `function` by name (cached until sys.modules grows)."""
+    global _holders_cache
+    if _holders_cache[0] != len(sys.modules):
+        found = []
+        for name, module in list(sys.modules.items()):
+            namespace = getattr(module, "__dict__", None) if name.startswith("torch") else None
+            if namespace and namespace.get(function.__name__) is function:
+                found.append(module)
+        _holders_cache = (len(sys.modules), found)
+    return _holders_cache[1]
+
+
 def _virtual(tag: Any) -> bool:
+
     return tag is not None and tag is not WILD
 
 
@@ -277,7 +317,9 @@ class Patches:
         self.to_device = to_device
         # Lazy modules' uninitialized parameters only allow the methods they know
         lazy: Any = torch.nn.parameter.UninitializedTensorMixin  # type: ignore[attr-defined]
-        allowed = [*lazy._allowed_methods, to, cuda, cpu, Tensor.__dict__["get_device"]]
+        installed = [Tensor.__dict__[name] for name in ("to", "cuda", "cpu", "get_device")]
+        allowed = [*lazy._allowed_methods, *installed]
+
         p.set(lazy, "_allowed_methods", allowed)
 
         # nn.Module.to parses its arguments with _parse_to, which rejects a bare ordinal
@@ -863,8 +905,6 @@ class Patches:
     # -- optimizers, grad clipping, GradScaler -------------------------------
 
     def _optimizers(self) -> None:
-        import sys
-
         from torch.utils import _foreach_utils
 
         real_group = _foreach_utils._group_tensors_by_device_and_dtype
@@ -895,12 +935,9 @@ class Patches:
                         result[key] = (new_lists, new_indices)
             return result
 
-        for module in list(sys.modules.values()):
-            name = getattr(module, "__name__", "")
-            if not name.startswith("torch"):
-                continue
-            if getattr(module, "_group_tensors_by_device_and_dtype", None) is real_group:
-                self.patcher.set(module, "_group_tensors_by_device_and_dtype", group)
+        for module in _holders(real_group):
+            self.patcher.set(module, "_group_tensors_by_device_and_dtype", group)
+
         opt = torch.optim.Optimizer
         if "_group_tensors_by_device_and_dtype" in opt.__dict__:
             self.patcher.set(opt, "_group_tensors_by_device_and_dtype", staticmethod(group))
