@@ -59,7 +59,9 @@ def test_streams_events_and_device_contexts(sim: Simulation) -> None:
     with torch.cuda.stream(stream):
         x = torch.ones(2, device="cuda")
     torch.cuda.current_stream().wait_stream(stream)
+    x.record_stream(torch.cuda.current_stream())
     end.record()
+
     end.synchronize()
     assert start.elapsed_time(end) >= 0 and x.device == CUDA0
     with torch.cuda.device(1):

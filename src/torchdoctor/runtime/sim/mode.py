@@ -75,6 +75,10 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
         types: Any,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
+        _Tensor: type = Tensor,  # locals: faster than globals on this hot path
+        _TAG: str = TAG,
+        _list: type = list,
+        _tuple: type = tuple,
     ) -> Any:
         if kwargs is None:
             kwargs = {}
@@ -83,17 +87,17 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
         mixed = False
         try:
             for a in args:
-                if isinstance(a, Tensor):
-                    d = getattr(a.untyped_storage(), TAG, None)
+                if isinstance(a, _Tensor):
+                    d = getattr(a.untyped_storage(), _TAG, None)
                     if dev is _UNSET:
                         dev = d
                     elif d is not dev:
                         mixed = True
                         break
-                elif a.__class__ is list or a.__class__ is tuple:
+                elif a.__class__ is _list or a.__class__ is _tuple:
                     for b in a:
-                        if isinstance(b, Tensor):
-                            d = getattr(b.untyped_storage(), TAG, None)
+                        if isinstance(b, _Tensor):
+                            d = getattr(b.untyped_storage(), _TAG, None)
                             if dev is _UNSET:
                                 dev = d
                             elif d is not dev:
@@ -103,8 +107,8 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
                         break
             if kwargs and not mixed:
                 for a in kwargs.values():
-                    if isinstance(a, Tensor):
-                        d = getattr(a.untyped_storage(), TAG, None)
+                    if isinstance(a, _Tensor):
+                        d = getattr(a.untyped_storage(), _TAG, None)
                         if dev is _UNSET:
                             dev = d
                         elif d is not dev:
@@ -123,15 +127,23 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
             # No tensor operand: a factory. Called from Python, it went through our
             # patched factory, which retags it; called from inside a C++ composite,
             # it belongs to that composite's input: wild.
-            out = func(*args, **kwargs)
-            if isinstance(out, Tensor):
+            out = func._op(*args, **kwargs)
+            if isinstance(out, _Tensor):
                 _tag_outputs(out, WILD)
             return out
         if func in self.slow_ops:
             return self._slow(func, args, kwargs)
-        out = func(*args, **kwargs)
+        out = func._op(*args, **kwargs)  # the OpOverload's C++ callable: one frame less
         if dev is not None:
-            _tag_outputs(out, dev)
+            if isinstance(out, _Tensor):
+                try:
+                    storage = out.untyped_storage()
+                    if getattr(storage, _TAG, None) is not dev:
+                        setattr(storage, _TAG, dev)
+                except (RuntimeError, NotImplementedError, TypeError, ValueError):
+                    _tag_outputs(out, dev)
+            else:
+                _tag_outputs(out, dev)
         return out
 
     def _slow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

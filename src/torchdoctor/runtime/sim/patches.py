@@ -496,6 +496,8 @@ class Patches:
         p.set(Tensor, "numpy", numpy)
         p.set(Tensor, "pin_memory", pin_memory)
         p.set(Tensor, "is_pinned", is_pinned)
+        p.set(Tensor, "record_stream", lambda self, stream: None)  # streams are stand-ins
+
 
     # -- torch.cuda / torch.mps / torch.accelerator --------------------------
 
@@ -580,6 +582,8 @@ class Patches:
             def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
                 self.device = torch.device(patches.backend, patches._index(device))
                 self.priority = priority
+                self.cuda_stream = 0  # the raw handle libraries read: the default stream
+
 
             def synchronize(self) -> None:
                 return None
