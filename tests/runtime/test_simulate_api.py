@@ -158,6 +158,12 @@ def test_mps_simulation() -> None:
             x + torch.ones(2)
         with pytest.raises(AssertionError, match="Torch not compiled with CUDA"):
             torch.ones(1).cuda()  # a Mac has no CUDA
+        no_float64 = "Cannot convert a MPS Tensor to float64 dtype as the MPS framework"
+        with pytest.raises(TypeError, match=no_float64):
+            torch.from_numpy(np.zeros(3)).to("mps")  # NumPy's default float64
+        with pytest.raises(TypeError, match=no_float64):
+            x.double()
+        assert torch.from_numpy(np.zeros(3)).float().to("mps").device.type == "mps"
 
 
 # --------------------------------------------------------------------------- lifecycle

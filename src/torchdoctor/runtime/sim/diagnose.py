@@ -256,6 +256,8 @@ def _hint_and_code(
         )
     if kind == "load":
         return "TD402", "pass map_location (e.g. map_location='cpu' or the target device)"
+    if kind == "mps-float64":
+        return "TD120", "MPS has no float64: convert to float32 (.float()) before moving to mps"
     if kind == "cpu-by-design":
         return "TD120", "lengths and batch_sizes must stay on the CPU: pass lengths.cpu()"
     stray = _stray(named)

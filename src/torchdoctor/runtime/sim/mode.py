@@ -52,6 +52,8 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
         super().__init__()  # type: ignore[no-untyped-call]
         self.session = session
         self.key = session.devices.backend.upper()  # CUDA: as in wrapper_CUDA_addmm
+        self.no_float64 = session.devices.backend == "mps"  # MPS has no float64
+
         aten = torch.ops.aten
         # ops whose outputs do not all follow the common device: packed sequences
         # (rule 9), and set_(storage), whose output takes the storage it is given
@@ -135,6 +137,11 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
             return self._slow(func, args, kwargs)
         out = func._op(*args, **kwargs)  # the OpOverload's C++ callable: one frame less
         if dev is not None:
+            if self.no_float64 and isinstance(out, _Tensor) and out.dtype is torch.float64:
+                try:
+                    self.session.mps_float64(out)
+                except SimulatedError as error:
+                    raise error.with_traceback(None) from None
             if isinstance(out, _Tensor):
                 try:
                     storage = out.untyped_storage()

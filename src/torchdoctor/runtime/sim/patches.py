@@ -229,6 +229,8 @@ class Patches:
 
         def move(t: Tensor, dst: Any, dtype: Any, memory_format: Any) -> Tensor:
             session.moves += 1
+            if dst is not None and dst.type == "mps" and (dtype or t.dtype) is torch.float64:
+                session.mps_float64(t)
             if memory_format is None:
                 memory_format = torch.preserve_format
 
@@ -362,7 +364,10 @@ class Patches:
                 pinned = bool(kwargs.pop("pin_memory", False))
                 out = fn(*args, **kwargs)
                 if isinstance(out, Tensor):
+                    if target is not None and target.type == "mps" and out.dtype is torch.float64:
+                        patches.session.mps_float64(out)
                     set_tag(out, target)
+
                     set_site(out, user_site(f"torch.{name}(...)"))
                     if pinned and target is None:
                         pin_site(out)
@@ -498,7 +503,6 @@ class Patches:
         p.set(Tensor, "is_pinned", is_pinned)
         p.set(Tensor, "record_stream", lambda self, stream: None)  # streams are stand-ins
 
-
     # -- torch.cuda / torch.mps / torch.accelerator --------------------------
 
     def _index(self, device: Any) -> int:
@@ -583,7 +587,6 @@ class Patches:
                 self.device = torch.device(patches.backend, patches._index(device))
                 self.priority = priority
                 self.cuda_stream = 0  # the raw handle libraries read: the default stream
-
 
             def synchronize(self) -> None:
                 return None

@@ -294,7 +294,20 @@ class Simulation:
             op=None,
         )
 
+    def mps_float64(self, tensor: torch.Tensor) -> None:
+        """MPS cannot hold float64 tensors: PyTorch refuses them on a Mac."""
+        self.violation(
+            Violation(
+                "Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't "
+                "support float64. Please use float32 instead.",
+                exc_type=TypeError,
+                kind="mps-float64",
+            ),
+            op=None,
+        )
+
     def unsupported(self, what: str) -> None:
+
         raise SimulationUnsupportedError(
             f"{what} is not simulated by td.simulate({self.backend!r})",
             fix="run this part on a real GPU machine, or leave it out of the simulated run",
