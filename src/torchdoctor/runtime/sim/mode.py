@@ -77,7 +77,7 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
         types: Any,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
-        _Tensor: type = Tensor,  # locals: faster than globals on this hot path
+        _Tensor: Any = Tensor,  # locals: faster than globals on this hot path
         _TAG: str = TAG,
         _list: type = list,
         _tuple: type = tuple,
