@@ -79,8 +79,8 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
         kwargs: dict[str, Any] | None = None,
         _Tensor: Any = Tensor,  # locals: faster than globals on this hot path
         _TAG: str = TAG,
-        _list: type = list,
-        _tuple: type = tuple,
+        _list: Any = list,
+        _tuple: Any = tuple,
     ) -> Any:
         if kwargs is None:
             kwargs = {}
