@@ -220,8 +220,9 @@ def _name_operand(
                     if line is not None:
                         culprit.created = f"assigned at {_short(code.co_filename)}:{line}"
                 return culprit
-    culprit.name = f"`{op.name}` (an intermediate tensor)"
-    culprit.kind = "operand of the failing call"
+    culprit.name = f"the `{op.name}` operand"
+    culprit.kind = "an intermediate result"
+
     return culprit
 
 
