@@ -7,6 +7,8 @@ below is loaded on first use, and says clearly when torch is missing.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 from torchdoctor.errors import (
@@ -46,6 +48,24 @@ __all__ = [
     "__version__",
     *_LAZY,
 ]
+
+
+class _Package(types.ModuleType):
+    """This package's module type: `td.explain` stays the function.
+
+    `torchdoctor.explain` is also a subpackage, and importing it (`td.diagnose` does)
+    makes Python set the package attribute `explain` to that module, after which
+    `td.explain(...)` would fail. The subpackage stays importable by name
+    (`from torchdoctor.explain import kb`).
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "explain" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

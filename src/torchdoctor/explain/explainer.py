@@ -188,7 +188,11 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 def _exception_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not hide the user's own error
+        message = "<exception str() failed>"
+    return f"{type(exc).__name__}: {message}"
 
 
 def _explain_exception(exc: BaseException, model: Any) -> Explanation:
