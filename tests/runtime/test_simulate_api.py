@@ -280,3 +280,18 @@ def test_functions_grabbed_inside_behave_for_real_afterwards() -> None:
     assert not is_available()
     with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
         zeros(1, device="cuda")
+
+
+class _MovesInGetItem(torch.utils.data.Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((2,), float(i)).to("cuda")
+
+
+def test_gpu_in_a_forked_dataloader_worker_fails_as_on_cuda(sim: Simulation) -> None:
+    with pytest.raises(RuntimeError, match="Cannot re-initialize CUDA in forked subprocess"):
+        next(iter(DataLoader(_MovesInGetItem(), batch_size=2, num_workers=1)))
+    batch = next(iter(DataLoader(_MovesInGetItem(), batch_size=2)))  # in the main process: fine
+    assert batch.device == CUDA0

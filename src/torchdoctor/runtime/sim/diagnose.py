@@ -257,6 +257,11 @@ def _hint_and_code(
         )
     if kind == "load":
         return "TD402", "pass map_location (e.g. map_location='cpu' or the target device)"
+    if kind == "fork":
+        return "TD120", (
+            "move batches to the GPU in the training loop, not in Dataset.__getitem__ "
+            "(DataLoader workers are forked processes)"
+        )
     if kind == "mps-float64":
         return "TD120", "MPS has no float64: convert to float32 (.float()) before moving to mps"
     if kind == "cpu-by-design":

@@ -229,6 +229,9 @@ class Patches:
 
         def move(t: Tensor, dst: Any, dtype: Any, memory_format: Any) -> Tensor:
             session.moves += 1
+            if dst is not None and session.forked_worker:
+                session.gpu_in_forked_worker()
+
             if dst is not None and dst.type == "mps" and (dtype or t.dtype) is torch.float64:
                 session.mps_float64(t)
             if memory_format is None:
@@ -361,13 +364,15 @@ class Patches:
                         return fn(*args, **kwargs)  # meta and friends: really there
                 if target is not None:
                     kwargs["device"] = CPU
+                    if patches.session.forked_worker:
+                        patches.session.gpu_in_forked_worker()
                 pinned = bool(kwargs.pop("pin_memory", False))
+
                 out = fn(*args, **kwargs)
                 if isinstance(out, Tensor):
                     if target is not None and target.type == "mps" and out.dtype is torch.float64:
                         patches.session.mps_float64(out)
                     set_tag(out, target)
-
                     set_site(out, user_site(f"torch.{name}(...)"))
                     if pinned and target is None:
                         pin_site(out)
@@ -1062,6 +1067,18 @@ class Patches:
                 real_bootstrap(thread)
 
         self.patcher.set(threading.Thread, "_bootstrap_inner", bootstrap_inner)
+
+        # DataLoader workers forked from a GPU process cannot touch the GPU; everything
+        # they make is on the CPU, so they run without the dispatch mode.
+        from torch.utils.data._utils import worker
+
+        real_loop = worker._worker_loop
+
+        def worker_loop(*args: Any, **kwargs: Any) -> Any:
+            session.enter_forked_worker()
+            return real_loop(*args, **kwargs)
+
+        self.patcher.set(worker, "_worker_loop", worker_loop)
 
     # -- what is not simulated -----------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -150,6 +151,8 @@ class Simulation:
         self._thread: int | None = None
         self.lenient = 0  # > 0 inside composites that allocate unseen CPU tensors
         self.moves = 0  # tensors copied between devices (.to/.cuda/.cpu)
+        self.forked_worker = False  # True in a DataLoader worker process
+        self._pid = os.getpid()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -290,6 +293,28 @@ class Simulation:
                 "CPU-only machine, please use torch.load with "
                 "map_location=torch.device('cpu') to map your storages to the CPU.",
                 kind="load",
+            ),
+            op=None,
+        )
+
+    def enter_forked_worker(self) -> None:
+        """In a DataLoader worker: fork copied the mode; nothing here may use the GPU."""
+        if os.getpid() == self._pid:
+            return  # not forked (workers run in this process only in tests that fake it)
+        self.forked_worker = True
+        if self._mode is not None:
+            with contextlib.suppress(Exception):
+                _pop_mode()
+
+    def gpu_in_forked_worker(self) -> None:
+        """CUDA refuses to initialise in a process forked after the parent used it."""
+        if self.backend != "cuda":
+            return
+        self.violation(
+            Violation(
+                "Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+                "multiprocessing, you must use the 'spawn' start method",
+                kind="fork",
             ),
             op=None,
         )
