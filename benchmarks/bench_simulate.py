@@ -318,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         [
             "`benchmarks/bench_simulate.py` times the same training code plain on the CPU and",
             'under `td.simulate("cuda")`, in one run: one thread, interleaved rounds, the',
-            f"fastest of {args.rounds} rounds per side. Load average {load:.1f} on the 2-core",
-            "machine while it ran (other jobs), so single ratios swing by ±10 %.",
+            f"fastest of {args.rounds} rounds per side. Other jobs loaded the 2-core machine",
+            f"(load average {load:.1f}), so single ratios swing by ±10 %.",
             "",
             *_table(workloads, "ms/step"),
             "",
