@@ -9,6 +9,8 @@ gets its page without touching this script:
 - `reference/api.md`: a mkdocstrings block per public name in `torchdoctor._LAZY`.
 - `explain/index.md` and `explain/<topic>.md` from the explain knowledge base
   (`explain/kb/*.toml`, loaded by `torchdoctor.explain.kb.entries()`).
+- `guides/*.md` from sections of README.md (README_GUIDES), which each feature's
+  author keeps current; links to repository files become plain text.
 
 Run by hand (`python scripts/gen_docs.py OUT_DIR`) it writes the same pages into OUT_DIR.
 """
@@ -285,6 +287,79 @@ def explain_nav(by_topic: dict[str, list[kb.Entry]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------- guides
+
+ROOT = Path(__file__).resolve().parents[1]
+# Guide pages taken from the README, which each feature's author keeps current:
+# page -> (title, README `## ` sections in order). A renamed section fails the build.
+README_GUIDES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "guides/command-line.md": ("Command line", ("Command line",)),
+    "guides/configuration.md": ("Configuration", ("Configuration", "Suppressing findings")),
+    "guides/output-formats.md": ("Output formats", ("Output formats",)),
+    "guides/runtime-library.md": ("Runtime library", ("Runtime library",)),
+    "guides/guard-and-run.md": ("The guard and torchdoctor run", ("Guard", "torchdoctor run")),
+    "guides/explain.md": ("Explain errors", ("Explain errors",)),
+    "guides/virtual-accelerator.md": ("Virtual accelerator", ("Virtual accelerator",)),
+    "guides/pre-commit-and-flake8.md": ("pre-commit and flake8", ("pre-commit and flake8",)),
+}
+# a Markdown link to a repository file (not a web page, not an anchor): kept as plain text
+_RELATIVE_LINK = re.compile(r"\[([^\]]+)\]\((?!https?://|mailto:|#)[^)]*\)")
+
+
+def readme_sections(text: str) -> dict[str, str]:
+    """`## Title` -> the section's body, split outside code fences."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    fence = ""
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if fence:
+            if stripped.startswith(fence):
+                fence = ""
+        elif stripped.startswith(("```", "~~~")):
+            fence = stripped[:3]
+        elif line.startswith("## "):
+            current = sections.setdefault(line[3:].strip(), [])
+            continue
+        elif line.startswith("# "):
+            current = None
+            continue
+        if current is not None:
+            current.append(line)
+    return {title: "\n".join(lines).strip() + "\n" for title, lines in sections.items()}
+
+
+def _plain_links(text: str) -> str:
+    """Links to repository files become their text (outside code: `f[0](x)` is code)."""
+    out: list[str] = []
+    fence = ""
+    for line in text.split("\n"):
+        stripped = line.lstrip()
+        if fence:
+            fence = "" if stripped.startswith(fence) else fence
+        elif stripped.startswith(("```", "~~~")):
+            fence = stripped[:3]
+        else:
+            line = _RELATIVE_LINK.sub(r"\1", line)
+        out.append(line)
+    return "\n".join(out)
+
+
+def readme_guide(title: str, names: tuple[str, ...], sections: dict[str, str]) -> str:
+    missing = [name for name in names if name not in sections]
+    if missing:
+        raise SystemExit(
+            f"gen_docs: README.md has no section {', '.join(f'## {m}' for m in missing)}; "
+            "update README_GUIDES in scripts/gen_docs.py"
+        )
+    parts = [f"# {title}", ""]
+    for index, name in enumerate(names):
+        if index:
+            parts += [f"## {name}", ""]
+        parts += [_plain_links(sections[name]), ""]
+    return "\n".join(parts)
+
+
 # ---------------------------------------------------------------------------- driver
 
 
@@ -303,6 +378,9 @@ def generate(open_file: Opener) -> list[str]:
     pages["explain/SUMMARY.md"] = explain_nav(by_topic)
     for topic, topic_entries in by_topic.items():
         pages[f"explain/{topic}.md"] = explain_topic_page(topic, topic_entries, entries)
+    sections = readme_sections((ROOT / "README.md").read_text(encoding="utf-8"))
+    for path, (title, names) in README_GUIDES.items():
+        pages[path] = readme_guide(title, names, sections)
     for path, text in pages.items():
         with open_file(path) as handle:
             handle.write(text)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import html
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,11 +113,46 @@ def test_hand_written_pages_are_built(site: Path) -> None:
         "getting-started/install",
         "getting-started/quickstart",
         "getting-started/three-ways",
-        "guides/configuration",
-        "guides/virtual-accelerator",
         "guides/ci",
     ):
         assert (site / page / "index.html").is_file(), page
     ci = _text(site / "guides" / "ci" / "index.html")
     assert "github/codeql-action/upload-sarif" in ci
     assert "--format sarif" in ci
+
+
+def _generator() -> dict[str, Any]:
+    return runpy.run_path(str(ROOT / "scripts" / "gen_docs.py"), run_name="gen_docs")
+
+
+def test_guides_are_the_readme_sections(site: Path) -> None:
+    gen = _generator()
+    sections = gen["readme_sections"]((ROOT / "README.md").read_text(encoding="utf-8"))
+    for path, (_, names) in gen["README_GUIDES"].items():
+        page = " ".join(re.findall(r"\w+", _text(site / path.removesuffix(".md") / "index.html")))
+        for name in names:
+            # the words of the section's first line (link targets are not shown)
+            first = next(
+                line
+                for line in sections[name].splitlines()
+                if line.strip() and not line.startswith("```")
+            )
+            words = " ".join(re.findall(r"\w+", re.sub(r"\]\([^)]*\)", "", first)))
+            assert words in page, (path, name)
+
+
+def test_readme_sections_split_outside_code_and_keep_code_links() -> None:
+    gen = _generator()
+    text = (
+        "# Title\n\n## One\n\ntext [a file](src/x.py) and [web](https://x.org)\n"
+        "```python\n## not a heading\ny = f[0](x)\n```\n## Two\nbody\n"
+    )
+    sections = gen["readme_sections"](text)
+    assert list(sections) == ["One", "Two"]
+    assert "## not a heading" in sections["One"]
+    page = gen["readme_guide"]("Guide", ("One", "Two"), sections)
+    assert "text a file and [web](https://x.org)" in page
+    assert "y = f[0](x)" in page
+    assert page.startswith("# Guide\n") and "\n## Two\n" in page
+    with pytest.raises(SystemExit, match="no section ## Three"):
+        gen["readme_guide"]("Guide", ("Three",), sections)
