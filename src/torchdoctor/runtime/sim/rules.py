@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor.runtime.sim._optable import CHECKED, NOCHECK, TENSOR_ITERATOR
+from torchdoctor.runtime.sim._optable import CHECKED, TENSOR_ITERATOR
 from torchdoctor.runtime.sim.devices import WILD, describe
 
 Tensor = torch.Tensor
@@ -110,7 +110,7 @@ def classify(func: Any) -> tuple[str, tuple[str, ...], frozenset[str], str]:
         kind = "copy"
     elif base in _PACK_OPS:
         kind = "pack"
-    elif base in ("where",):
+    elif base == "where":
         kind = "where"
     elif base in _INDEX_OPS:
         kind = "index"
@@ -122,20 +122,16 @@ def classify(func: Any) -> tuple[str, tuple[str, ...], frozenset[str], str]:
         kind = "conv"
     elif base.startswith(("_foreach_", "_amp_foreach")) and key not in CHECKED:
         kind = "foreach"
-    elif key in CHECKED:
+    elif key in CHECKED:  # a generated CUDA wrapper compares these arguments
         kind = "checked"
-        wrapper, checked_names = CHECKED[key]
-        names_for_check = checked_names
-        result = (kind, names, writes, wrapper)
-        _KINDS[func] = result
-        _CHECKED_NAMES[func] = names_for_check
-        return result
+        wrapper, _CHECKED_NAMES[func] = CHECKED[key]
     elif key in TENSOR_ITERATOR or torch.Tag.pointwise in func.tags:
         kind = "ti"
-    elif key in NOCHECK:
-        kind = "lenient"  # the kernel checks devices itself, in ways not modelled here
     else:
-        kind = "lenient"  # a composite without a CUDA kernel: its inner ops would check
+        # NoCheck kernels that check in their own ways, and composites without a CUDA
+        # kernel (their inner ops would check): the first tensor fixes the device, and
+        # CPU scalars pass.
+        kind = "other"
     result = (kind, names, writes, wrapper)
     _KINDS[func] = result
     return result
@@ -263,13 +259,13 @@ def check_first_fixes(
     for op in ordered:
         if op.device is WILD or op.name in CPU_BY_DESIGN:
             continue
+        if order is None and op.is_cpu_scalar:
+            continue  # not a generated CUDA wrapper: CPU scalars pass (composites move them)
         if common_op is None:
             common_op = op
             continue
         if op.device != common_op.device:
-            if order is None:  # not a generated CUDA wrapper: say it the TensorIterator way
-                if op.is_cpu_scalar:
-                    continue  # lenient: composites often accept CPU scalars
+            if order is None:  # say it the TensorIterator way
                 raise Violation(
                     two_devices(common_op.device, op.device),
                     culprit=op,
@@ -285,14 +281,7 @@ def check_first_fixes(
                 reference=common_op,
                 output_device=common_op.device,
             )
-    if common_op is None:
-        return None
-    if common_op.device is None and order is None:
-        # a CPU scalar came first: the outputs follow the first device operand
-        for op in ordered:
-            if op.device is not None and op.device is not WILD:
-                return op.device
-    return common_op.device
+    return None if common_op is None else common_op.device
 
 
 def check_index(ops: list[Operand]) -> Any:
