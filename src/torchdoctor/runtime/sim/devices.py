@@ -8,6 +8,7 @@ is written on its `UntypedStorage` Python object (absent = cpu), so views,
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any
 
 import torch
@@ -49,9 +50,18 @@ class VirtualDevices:
     def __init__(self, backend: str, count: int) -> None:
         self.backend = backend
         self.count = count
-        self.current = 0
         self.devices = tuple(torch.device(backend, i) for i in range(count))
         self._interned: dict[Any, torch.device] = {}
+        self._thread = threading.local()  # the current device is per thread, as in CUDA
+
+    @property
+    def current(self) -> int:
+        return getattr(self._thread, "current", 0)  # type: ignore[no-any-return]
+
+    @current.setter
+    def current(self, index: int) -> None:
+        self._thread.current = index
+
 
     def get(self, index: int) -> torch.device:
         """The interned device object for an ordinal; raises InvalidOrdinal past the count."""
