@@ -31,7 +31,7 @@ SITE_URL = "https://torchdoctor.readthedocs.io/en/latest/"
 pytestmark = pytest.mark.xdist_group("docs")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one build per test process
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
