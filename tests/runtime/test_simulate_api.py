@@ -104,6 +104,10 @@ def test_module_moves_and_device_queries(sim: Simulation) -> None:
     assert x.to(torch.float64).device == CUDA0  # a dtype change keeps the device
     assert x.to(torch.ones(1, device="cuda:1")).device == CUDA1
     assert x.type(torch.cuda.DoubleTensor).dtype == torch.float64
+    assert torch.device(1) == CUDA1 and isinstance(torch.device(0), torch.device)
+    with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
+        torch.device(2)
+
 
 
 def test_data_loader_workers_and_pinned_memory(sim: Simulation) -> None:

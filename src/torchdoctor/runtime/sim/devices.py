@@ -62,7 +62,6 @@ class VirtualDevices:
     def current(self, index: int) -> None:
         self._thread.current = index
 
-
     def get(self, index: int) -> torch.device:
         """The interned device object for an ordinal; raises InvalidOrdinal past the count."""
         if 0 <= index < self.count:

@@ -148,6 +148,7 @@ class Patches:
         self._numpy_and_pinning()
         self._cuda_module()
         self._accelerator()
+        self._device_class()
         self._generator()
         self._serialization()
         self._optimizers()
@@ -823,7 +824,35 @@ class Patches:
 
     # -- torch.Generator -----------------------------------------------------
 
+    def _device_class(self) -> None:
+        """torch.device(0): a bare ordinal names the accelerator, which a CPU build lacks.
+
+        torch.device becomes a stand-in class whose instances are the real
+        torch.device objects (isinstance keeps working); only `torch.device(<int>)`
+        is answered here.
+        """
+        patches = self
+        real = torch.device
+
+        class _DeviceMeta(type):
+            def __instancecheck__(cls, obj: object) -> bool:
+                return isinstance(obj, real)
+
+            def __subclasscheck__(cls, sub: type) -> bool:
+                return issubclass(sub, real)
+
+            def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+                if len(args) == 1 and not kwargs and type(args[0]) is int:
+                    return torch.device(patches.backend, patches._index(args[0]))
+                return real(*args, **kwargs)
+
+        class device(metaclass=_DeviceMeta):  # stands in for torch.device
+            __doc__ = real.__doc__
+
+        self.patcher.set(torch, "device", device)
+
     def _generator(self) -> None:
+
         patches = self
         real = torch._C.Generator
 
