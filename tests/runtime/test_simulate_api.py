@@ -109,7 +109,6 @@ def test_module_moves_and_device_queries(sim: Simulation) -> None:
         torch.device(2)
 
 
-
 def test_data_loader_workers_and_pinned_memory(sim: Simulation) -> None:
     loader = DataLoader(
         TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=1, pin_memory=True
@@ -299,3 +298,21 @@ def test_gpu_in_a_forked_dataloader_worker_fails_as_on_cuda(sim: Simulation) -> 
         next(iter(DataLoader(_MovesInGetItem(), batch_size=2, num_workers=1)))
     batch = next(iter(DataLoader(_MovesInGetItem(), batch_size=2)))  # in the main process: fine
     assert batch.device == CUDA0
+
+
+def _mixed_precision_step() -> None:
+    model = nn.Linear(3, 3).cuda()
+    cache = torch.zeros(4, 3, device="cuda")
+    with torch.autocast("cuda"):
+        out = model(torch.randn(2, 3, device="cuda"))
+        cache[torch.tensor([0, 1])] = out  # float16 under real autocast: a dtype bug
+
+
+def test_cpu_autocast_opt_in_surfaces_mixed_precision_dtype_bugs() -> None:
+    with td.simulate("cuda"):
+        _mixed_precision_step()  # CUDA autocast is a no-op on the CPU tensors
+    with (
+        td.simulate("cuda", cpu_autocast=True),
+        pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes"),
+    ):
+        _mixed_precision_step()

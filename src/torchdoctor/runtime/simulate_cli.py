@@ -43,6 +43,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="make torch.load of a GPU checkpoint without map_location fail as on a "
         "CPU-only machine",
     )
+    group.add_argument(
+        "--cpu-autocast",
+        action="store_true",
+        help="run autocast('cuda') as CPU autocast (float16) to surface mixed-precision "
+        "dtype bugs; the numbers then differ from a plain CPU run",
+    )
 
 
 def contexts(args: argparse.Namespace) -> list[AbstractContextManager[Any]]:
@@ -54,6 +60,7 @@ def contexts(args: argparse.Namespace) -> list[AbstractContextManager[Any]]:
             ("--devices", devices is not None),
             ("--keep-going", getattr(args, "keep_going", False)),
             ("--strict-load", getattr(args, "strict_load", False)),
+            ("--cpu-autocast", getattr(args, "cpu_autocast", False)),
         ):
             if value:
                 raise UsageError(f"{flag} needs --simulate", fix=f"--simulate cuda {flag} ...")
@@ -70,7 +77,9 @@ def contexts(args: argparse.Namespace) -> list[AbstractContextManager[Any]]:
         devices=devices or 1,
         keep_going=args.keep_going,
         strict_load=args.strict_load,
+        cpu_autocast=args.cpu_autocast,
     )
+
     args.simulation = simulation
     return [simulation]
 

@@ -155,6 +155,7 @@ class Patches:
         self._rnn()
         self._copying()
         self._threads()
+        self._autocast()
         self._unsupported()
 
     def uninstall(self) -> None:
@@ -1111,7 +1112,34 @@ class Patches:
 
     # -- what is not simulated -----------------------------------------------
 
+    def _autocast(self) -> None:
+        """Opt-in: run `autocast("cuda")` as CPU autocast, so its dtype bugs show here.
+
+        The numbers then differ from a plain CPU run (float16/bfloat16 math); without
+        the opt-in CUDA autocast is a no-op on the CPU tensors.
+        """
+        if not self.session.cpu_autocast:
+            return
+        autocast = torch.amp.autocast_mode.autocast
+        real_init = autocast.__init__
+        backend = self.backend
+
+        def init(
+            self: Any,
+            device_type: str,
+            dtype: Any = None,
+            enabled: bool = True,
+            cache_enabled: Any = None,
+        ) -> None:
+            if device_type == backend:
+                device_type = "cpu"
+                dtype = torch.float16 if dtype is None else dtype  # CUDA's default
+            real_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+        self.patcher.set(autocast, "__init__", init)
+
     def _unsupported(self) -> None:
+
         session = self.session
         import torch.distributed as dist
 

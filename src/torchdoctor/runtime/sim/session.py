@@ -126,6 +126,7 @@ class Simulation:
         devices: int = 1,
         keep_going: bool = False,
         strict_load: bool = False,
+        cpu_autocast: bool = False,
         report: IO[str] | None = None,
     ) -> None:
         backend = str(device).split(":", 1)[0]
@@ -143,6 +144,7 @@ class Simulation:
         self.count = devices
         self.keep_going = keep_going
         self.strict_load = strict_load
+        self.cpu_autocast = cpu_autocast
         self.report = report
         self.devices = VirtualDevices(backend, devices)
         self.records: dict[tuple[Any, ...], list[Any]] = {}  # key -> [Diagnosis, count]
@@ -366,6 +368,7 @@ def simulate(
     devices: int = 1,
     keep_going: bool = False,
     strict_load: bool = False,
+    cpu_autocast: bool = False,
     report: IO[str] | None = None,
 ) -> Simulation:
     """Run the enclosed code on a virtual accelerator: `with td.simulate("cuda"): train()`.
@@ -377,8 +380,16 @@ def simulate(
             a summary is written to `report` (stderr) at the end.
         strict_load: make `torch.load` of a GPU checkpoint without `map_location` fail
             as on a CPU-only machine (TD402) instead of restoring onto the virtual device.
+        cpu_autocast: run `autocast("cuda")` as CPU autocast (float16 by default), so
+            dtype bugs that only mixed precision causes show up; the numbers then differ
+            from a plain CPU run. Off: CUDA autocast is a no-op on the CPU tensors.
         report: where keep-going messages go (default: sys.stderr).
     """
     return Simulation(
-        device, devices=devices, keep_going=keep_going, strict_load=strict_load, report=report
+        device,
+        devices=devices,
+        keep_going=keep_going,
+        strict_load=strict_load,
+        cpu_autocast=cpu_autocast,
+        report=report,
     )
