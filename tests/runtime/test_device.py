@@ -270,6 +270,53 @@ def test_dtype_casts_floating_tensors_only() -> None:
         td.to_device(torch.ones(1), CPU, dtype=torch.int32)
 
 
+@dataclasses.dataclass
+class Sample:
+    x: torch.Tensor
+    ids: torch.Tensor
+    point: Point
+
+
+def _nested_batch() -> dict[str, Any]:
+    return {
+        "samples": [Sample(torch.ones(2), torch.arange(2), Point(torch.ones(1), "p"))],
+        "pair": (torch.ones(1), torch.arange(1)),
+        "features": {"f": [torch.ones(1), 3]},
+    }
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"dtype": torch.float16}, {"non_blocking": True}],
+    ids=["plain move inline", "dtype cast", "non_blocking"],
+)
+def test_every_container_kind_is_rebuilt_and_the_input_left_alone(kwargs: dict[str, Any]) -> None:
+    # The plain move is inlined in each container's comprehension; dtype= and
+    # non_blocking= take the per-tensor mover instead: both paths, every hot handler.
+    batch = _nested_batch()
+    moved = td.to_device(batch, "meta", **kwargs)
+    sample = moved["samples"][0]
+    assert type(sample) is Sample and type(sample.point) is Point and sample.point.label == "p"
+    assert type(moved["pair"]) is tuple and moved["features"]["f"][1] == 3
+    tensors = [sample.x, sample.ids, sample.point.x, *moved["pair"], moved["features"]["f"][0]]
+    assert on(META, *tensors)
+    f32, f16, i64 = torch.float32, torch.float16, torch.int64
+    cast = f16 if "dtype" in kwargs else f32
+    assert [t.dtype for t in tensors] == [cast, i64, cast, cast, i64, cast]
+    before = batch["samples"][0]
+    originals = [before.x, before.ids, before.point.x, *batch["pair"], batch["features"]["f"][0]]
+    assert on(CPU, *originals), "the input is not modified"
+    assert [t.dtype for t in originals] == [f32, i64, f32, f32, i64, f32]
+    for new, old in [
+        (moved, batch),
+        (moved["samples"], batch["samples"]),
+        (sample, batch["samples"][0]),
+        (sample.point, batch["samples"][0].point),
+        (moved["features"]["f"], batch["features"]["f"]),
+    ]:
+        assert new is not old
+
+
 def test_same_device_is_a_no_op_and_parameters_are_tensors() -> None:
     tensor, param = torch.ones(1), nn.Parameter(torch.ones(1))
     assert td.to_device(tensor, "cpu") is tensor

@@ -197,7 +197,6 @@ def pick_device(prefer: DeviceLike | None = None) -> torch.device:
 
 Mover = Callable[[Any], Any]
 ItemsMover = Callable[[Iterable[Any]], list[Any]]
-FieldsMover = Callable[[dict[str, Any], tuple[str, ...]], None]
 _LEAF_TYPES = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device)
 _HANDLERS_BY_TARGET: dict[tuple[object, object, object], _HandlerCache] = {}
 _MAX_TARGETS = 64
@@ -280,14 +279,22 @@ def _custom_to_kwargs(
     return {k: v for k, v in wanted.items() if k in params}
 
 
+class _NoFastPath:
+    """A type no object has: switches off the inline `v.to(device)` when tensors need more."""
+
+
 def _build_handlers(
     device: torch.device, dtype: torch.dtype | None, non_blocking: bool | None
 ) -> _HandlerCache:
     """The per-type handlers that move objects to one target: `handlers[type(obj)](obj)`.
 
-    Exact Tensor/dict/list/tuple are dispatched first, and every container moves
-    its items through one list comprehension with the plain `t.to(device)` call
-    inlined: that keeps the walk close to a bare `.to` loop.
+    Every container moves its items in one comprehension of the form
+    `v.to(device) if type(v) is fast else handlers[type(v)](v)`: a plain tensor
+    is moved inline, with no Python call of ours (close to a bare `.to` loop);
+    anything else costs one C-level dict lookup (an unseen type is resolved
+    once) and one call. `fast` is Tensor when moving a tensor is exactly
+    `t.to(device)`; otherwise it is a type no object has, and tensors go through
+    `handlers[Tensor]`.
     """
     move_tensor = _tensor_mover(device, dtype, non_blocking)
     # Same conditions under which _tensor_mover returns a plain `t.to(device)`.
@@ -296,52 +303,59 @@ def _build_handlers(
         or non_blocking is False
         or (non_blocking is None and device.type != "cuda")
     )
-    inline = dtype is None and synchronous
+    fast: Any = _Tensor if dtype is None and synchronous else _NoFastPath
     module_non_blocking = bool(non_blocking) and device.type != "mps"
     handlers = _HandlerCache(lambda cls: resolve(cls))
-    # `handlers[type(v)](v)` is one C-level lookup; an unseen type is resolved once.
 
-    def move(obj: Any) -> Any:
-        return move_tensor(obj) if type(obj) is _Tensor else handlers[type(obj)](obj)
+    # The hot handlers (list, dict, tuple, namedtuple, dataclass) each spell the
+    # comprehension out: calling a shared helper costs one more Python call per
+    # container, which is most of the walk's own cost.
+    def move_items(items: Iterable[Any]) -> list[Any]:
+        return [v.to(device) if type(v) is fast else handlers[type(v)](v) for v in items]
 
-    # move_items: any iterable -> list of moved items; move_dict: dict -> dict;
-    # move_fields: replace the named entries of an instance __dict__ copy.
-    if inline:
-
-        def move_items(items: Iterable[Any]) -> list[Any]:
-            return [v.to(device) if type(v) is _Tensor else handlers[type(v)](v) for v in items]
-
-        def move_dict(obj: dict[Any, Any]) -> dict[Any, Any]:
-            return {
-                k: v.to(device) if type(v) is _Tensor else handlers[type(v)](v)
-                for k, v in obj.items()
-            }
-
-        def move_fields(state: dict[str, Any], names: tuple[str, ...]) -> None:
-            for name in names:
-                v = state[name]
-                state[name] = v.to(device) if type(v) is _Tensor else handlers[type(v)](v)
-
-    else:
-
-        def move_items(items: Iterable[Any]) -> list[Any]:
-            return [move_tensor(v) if type(v) is _Tensor else handlers[type(v)](v) for v in items]
-
-        def move_dict(obj: dict[Any, Any]) -> dict[Any, Any]:
-            return {
-                k: move_tensor(v) if type(v) is _Tensor else handlers[type(v)](v)
-                for k, v in obj.items()
-            }
-
-        def move_fields(state: dict[str, Any], names: tuple[str, ...]) -> None:
-            for name in names:
-                v = state[name]
-                state[name] = move_tensor(v) if type(v) is _Tensor else handlers[type(v)](v)
+    def move_dict(obj: dict[Any, Any]) -> dict[Any, Any]:
+        return {
+            k: v.to(device) if type(v) is fast else handlers[type(v)](v) for k, v in obj.items()
+        }
 
     def move_tuple(obj: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(move_items(obj))
+        return tuple([v.to(device) if type(v) is fast else handlers[type(v)](v) for v in obj])
 
-    handlers.update({_Tensor: move_tensor, dict: move_dict, list: move_items, tuple: move_tuple})
+    def namedtuple_handler(cls: type) -> Mover:
+        tuple_new = tuple.__new__  # builds it from an iterable, as its own _make does
+
+        def move_namedtuple(obj: Any) -> Any:
+            return tuple_new(
+                cls, [v.to(device) if type(v) is fast else handlers[type(v)](v) for v in obj]
+            )
+
+        return move_namedtuple
+
+    def dataclass_handler(cls: type) -> Mover:
+        # Every field, including init=False ones. The copy skips __init__ and
+        # __post_init__, keeps other attributes, and works for frozen classes (no
+        # __setattr__ involved).
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        by_copy = _dataclass_by_copy(names, move_items)
+        if not _plain_instance_state(cls):
+            return by_copy
+        new_instance = object.__new__
+
+        def move_dataclass(obj: Any) -> Any:
+            new: Any = new_instance(cls)
+            state = new.__dict__
+            state.update(obj.__dict__)
+            try:
+                for name in names:
+                    v = state[name]
+                    state[name] = v.to(device) if type(v) is fast else handlers[type(v)](v)
+            except KeyError:  # an init=False field never set
+                return by_copy(obj)
+            return new
+
+        return move_dataclass
+
+    handlers.update({dict: move_dict, list: move_items, tuple: move_tuple, _Tensor: move_tensor})
     handlers.update(dict.fromkeys(_LEAF_TYPES, _identity))
 
     def move_module(module: nn.Module) -> nn.Module:
@@ -360,10 +374,12 @@ def _build_handlers(
             kwargs = _custom_to_kwargs(cls, device, dtype, non_blocking)
             return lambda obj: obj.to(device, **kwargs)
         if dataclasses.is_dataclass(cls):
-            return _dataclass_handler(cls, move, move_fields)
+            return dataclass_handler(cls)
         if issubclass(cls, Mapping):
-            return _mapping_handler(cls, move, move_items)
+            return _mapping_handler(cls, move_items)
         if issubclass(cls, tuple):
+            if hasattr(cls, "_fields") and hasattr(cls, "_make"):
+                return namedtuple_handler(cls)
             return _tuple_handler(cls, move_items)
         if issubclass(cls, list):
             return _list_handler(move_items)
@@ -389,38 +405,23 @@ def _plain_instance_state(cls: type) -> bool:
     )
 
 
-def _dataclass_handler(cls: type, move: Mover, move_fields: FieldsMover) -> Mover:
-    # Every field, including init=False ones. The copy skips __init__/__post_init__,
-    # keeps other attributes, and works for frozen classes (no __setattr__ involved).
-    names = tuple(f.name for f in dataclasses.fields(cls))
+def _dataclass_by_copy(names: tuple[str, ...], move_items: ItemsMover) -> Mover:
+    """For slotted dataclasses, custom copy protocols, and init=False fields never set."""
     missing = object()
 
     def move_by_copy(obj: Any) -> Any:
         new = copy.copy(obj)
-        for name in names:
-            value = getattr(obj, name, missing)
+        values = [getattr(obj, name, missing) for name in names]
+        # `missing` is a plain object: it comes back as itself
+        for name, value in zip(names, move_items(values), strict=True):
             if value is not missing:
-                object.__setattr__(new, name, move(value))
+                object.__setattr__(new, name, value)
         return new
 
-    if not _plain_instance_state(cls):
-        return move_by_copy
-    new_instance = object.__new__
-
-    def move_dataclass(obj: Any) -> Any:
-        new: Any = new_instance(cls)
-        state = new.__dict__
-        state.update(obj.__dict__)
-        try:
-            move_fields(state, names)
-        except KeyError:  # an init=False field never set
-            return move_by_copy(obj)
-        return new
-
-    return move_dataclass
+    return move_by_copy
 
 
-def _mapping_handler(cls: type, move: Mover, move_items: ItemsMover) -> Mover:
+def _mapping_handler(cls: type, move_items: ItemsMover) -> Mover:
     if cls is collections.OrderedDict:
 
         def move_ordered_dict(obj: Any) -> Any:
@@ -438,8 +439,8 @@ def _mapping_handler(cls: type, move: Mover, move_items: ItemsMover) -> Mover:
         # A copy keeps the type, a defaultdict's factory and any extra attributes.
         def move_mutable(obj: Any) -> Any:
             new = copy.copy(obj)
-            for k, v in obj.items():
-                new[k] = move(v)
+            for key, value in zip(obj, move_items(obj.values()), strict=True):
+                new[key] = value
             return new
 
         return move_mutable
@@ -459,11 +460,6 @@ def _mapping_handler(cls: type, move: Mover, move_items: ItemsMover) -> Mover:
 
 
 def _tuple_handler(cls: type, move_items: ItemsMover) -> Mover:
-    if hasattr(cls, "_fields") and hasattr(cls, "_make"):
-        # a namedtuple: built from an iterable the way its own _make does
-        tuple_new = tuple.__new__
-        return lambda obj: tuple_new(cls, move_items(obj))
-
     def move_tuple_subclass(obj: Any) -> Any:
         moved = move_items(obj)
         try:
