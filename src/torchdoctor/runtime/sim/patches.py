@@ -233,13 +233,12 @@ class Patches:
             session.moves += 1
             if dst is not None and session.forked_worker:
                 session.gpu_in_forked_worker()
-
             if dst is not None and dst.type == "mps" and (dtype or t.dtype) is torch.float64:
                 session.mps_float64(t)
             if memory_format is None:
                 memory_format = torch.preserve_format
-
-            if t.requires_grad and torch.is_grad_enabled():
+            if t.requires_grad
+ and torch.is_grad_enabled():
                 out = _DeviceMove.apply(t, dst, dtype, memory_format)  # type: ignore[no-untyped-call]
             else:
                 out = real_to(t, CPU, dtype or t.dtype, False, True, memory_format=memory_format)
@@ -325,9 +324,8 @@ class Patches:
         # Lazy modules' uninitialized parameters only allow the methods they know
         lazy: Any = torch.nn.parameter.UninitializedTensorMixin  # type: ignore[attr-defined]
         installed = [Tensor.__dict__[name] for name in ("to", "cuda", "cpu", "get_device")]
-        allowed = [*lazy._allowed_methods, *installed]
+        p.set(lazy, "_allowed_methods", [*lazy._allowed_methods, *installed])
 
-        p.set(lazy, "_allowed_methods", allowed)
 
         # nn.Module.to parses its arguments with _parse_to, which rejects a bare ordinal
         real_parse_to = torch._C._nn._parse_to
