@@ -237,8 +237,7 @@ class Patches:
                 session.mps_float64(t)
             if memory_format is None:
                 memory_format = torch.preserve_format
-            if t.requires_grad
- and torch.is_grad_enabled():
+            if t.requires_grad and torch.is_grad_enabled():
                 out = _DeviceMove.apply(t, dst, dtype, memory_format)  # type: ignore[no-untyped-call]
             else:
                 out = real_to(t, CPU, dtype or t.dtype, False, True, memory_format=memory_format)
@@ -325,7 +324,6 @@ class Patches:
         lazy: Any = torch.nn.parameter.UninitializedTensorMixin  # type: ignore[attr-defined]
         installed = [Tensor.__dict__[name] for name in ("to", "cuda", "cpu", "get_device")]
         p.set(lazy, "_allowed_methods", [*lazy._allowed_methods, *installed])
-
 
         # nn.Module.to parses its arguments with _parse_to, which rejects a bare ordinal
         real_parse_to = torch._C._nn._parse_to
