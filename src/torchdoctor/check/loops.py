@@ -81,6 +81,32 @@ EVAL_WORDS = frozenset(
         "generate",
     }
 )
+_GENERATION_WORDS = frozenset(
+    {
+        "generate",
+        "text",
+        "tokens",
+        "sequence",
+        "sequences",
+        "samples",
+        "images",
+        "caption",
+        "captions",
+        "response",
+        "responses",
+        "answer",
+        "output",
+        "outputs",
+        "and",
+        "print",
+        "sample",
+        "simple",
+        "batch",
+        "greedy",
+        "beam",
+        "search",
+    }
+)
 _EVAL_DATA_WORDS = frozenset({"val", "valid", "validation", "test", "testing", "eval", "dev"})
 _NOT_EVAL_WORDS = frozenset({"train", "training", "fit", "loss", "split", "set", "is"})
 
@@ -106,19 +132,15 @@ def is_eval_name(name: str) -> bool:
         return False
     if ws[0] == "test" and len(ws) > 1 and ws[1] not in ("epoch", "step", "loop", "one"):
         return False  # unit tests: test_conv_eval, testForward
+    if "generate" in ws and not set(ws) <= _GENERATION_WORDS:
+        return False  # generate_inputs, generate_config: not model inference
     return any(w in EVAL_WORDS for w in ws)
 
 
 def is_test_file(path: str) -> bool:
-    """Unit tests (`test_x.py`, `x_test.py`, files under `tests/`): not training code."""
-    norm = path.replace("\\", "/")
-    base = norm.rsplit("/", 1)[-1]
-    return (
-        base.startswith("test_")
-        or base.endswith("_test.py")
-        or "/tests/" in norm
-        or norm.startswith("tests/")
-    )
+    """Unit tests (`test_x.py`, `x_test.py`, `conftest.py`): not training code."""
+    base = path.replace("\\", "/").rsplit("/", 1)[-1]
+    return base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
 
 
 def is_eval_iterable(text: str) -> bool:
@@ -130,15 +152,19 @@ def is_eval_iterable(text: str) -> bool:
 
 
 _MODELISH = re.compile(
-    r"^(?:[GD]|net[A-Z_]\w*|\w*model|\w*net|\w*_?(?:network|classifier|encoder|decoder"
-    r"|generator|discriminator|critic|actor|backbone))$",
+    r"^(?:[GD]|net[A-Z_]\w*|model_\w+|\w*model|\w*net|network|classifier|encoder|decoder"
+    r"|generator|discriminator|critic|actor|backbone|teacher|student)$",
     re.I,
 )
 _NOT_MODEL = re.compile(r"loss|criterion|metric|optim|sched|scaler|accelerator|fabric", re.I)
 
 
 def is_modelish_name(key: str) -> bool:
-    last = last_part(key)
+    """`model`, `net`, `resnet`, `policy_net`, `netG`, `self.encoder` -- not `writer.generator`."""
+    parts = key.split(".")
+    if len(parts) > 1 and parts[0] != "self" and not _MODELISH.match(parts[0]):
+        return False
+    last = parts[-1]
     return bool(_MODELISH.match(last)) and not _NOT_MODEL.search(last)
 
 
@@ -735,7 +761,7 @@ class FileLoops:
         """`key.eval()` (or on its root) somewhere in the file: its mode is managed."""
         self.mode_keys()
         root = key.split(".", 1)[0]
-        return any(k == key or k == root or k.startswith(root + ".") for k in self._eval_keys)
+        return any(k in (key, root) or k.startswith(root + ".") for k in self._eval_keys)
 
     def optimized(self, key: str) -> bool:
         """Whether `key.parameters()` (or its root's) appears: an optimizer may train it."""
@@ -850,14 +876,14 @@ class FileLoops:
                 verdict = None  # an imported or unseen layer: it may have Dropout
         for node in ast.walk(cls):
             # self.backbone = resnet18(): a module from a factory we cannot see
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                if any(isinstance(t, ast.Attribute) for t in node.targets):
-                    cname = owner.ctx.qualname(node.value.func) or ""
-                    if (
-                        not cname.startswith(("torch.", "self."))
-                        and not last_part(cname)[:1].isupper()
-                    ):
-                        verdict = None
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and any(isinstance(t, ast.Attribute) for t in node.targets)
+            ):
+                cname = owner.ctx.qualname(node.value.func) or ""
+                if not cname.startswith(("torch.", "self.")) and not last_part(cname)[:1].isupper():
+                    verdict = None
         return verdict
 
     def key_mode_sensitive(self, key: str) -> bool | None:
@@ -872,8 +898,13 @@ class FileLoops:
             name = last_part(call.group(1))
             if name in ("DataParallel", "DistributedDataParallel", "DDP", "compile", "to"):
                 continue
-            qual = self.ctx.imports.get(call.group(1).split(".", 1)[0], "")
-            if qual.startswith("torch") and name not in ("Sequential", "ModuleList", "ModuleDict"):
+            head, _, rest = call.group(1).partition(".")
+            qual = self.ctx.imports.get(head, head) + ("." + rest if rest else "")
+            if qual.startswith("torch.nn.") and name not in (
+                "Sequential",
+                "ModuleList",
+                "ModuleDict",
+            ):
                 if _MODE_SENSITIVE.search(m.group(1)):
                     return True  # nn.Dropout(...), nn.LSTM(..., dropout=0.5)
                 plain_layers = True
@@ -1686,10 +1717,14 @@ class ModeInterpreter:
         if target is not None and self._is_model(target, state):
             self._forward(call, target, state, frame)
             return
-        if isinstance(func, ast.Attribute) and func.attr == "forward" and key is not None:
-            if self._is_model(key, state):
-                self._forward(call, key, state, frame)
-                return
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "forward"
+            and key is not None
+            and self._is_model(key, state)
+        ):
+            self._forward(call, key, state, frame)
+            return
         resolved = self.fl.resolve(self.fi, call)
         if resolved is not None:
             callee, as_method = resolved
@@ -1755,9 +1790,12 @@ class ModeInterpreter:
         func = call.func
         if isinstance(func, ast.Attribute):
             owner = dotted(func.value)
-            if owner is not None and (owner in state.modes or self.fl.is_model_key(owner)):
-                if func.attr not in _MODE_SAFE_METHODS:
-                    self.set(state, owner, frozenset({_UNKNOWN}))
+            if (
+                owner is not None
+                and (owner in state.modes or self.fl.is_model_key(owner))
+                and func.attr not in _MODE_SAFE_METHODS
+            ):
+                self.set(state, owner, frozenset({_UNKNOWN}))
             if owner == "self" or any(
                 isinstance(a, ast.Name) and a.id == "self" for a in call.args
             ):
@@ -1875,10 +1913,14 @@ class ModeInterpreter:
             elif head == "self":
                 if as_method:
                     mapping[ckey] = ckey
-            elif head not in callee_locals and head not in params:
+            elif (
+                head not in callee_locals
+                and head not in params
+                and callee.file is self.fl
+                and (self.fi.is_module or head not in self.locals)
+            ):
                 # a global of the callee's module: the same name here if it is global here
-                if callee.file is self.fl and (self.fi.is_module or head not in self.locals):
-                    mapping[ckey] = ckey
+                mapping[ckey] = ckey
         return mapping
 
 

@@ -125,9 +125,8 @@ class EvalWithoutEvalMode(Rule):
                 if name and fl.class_mode_sensitive(name.rsplit(".", 1)[-1]) is False:
                     continue  # no Dropout/BatchNorm: the mode changes nothing
             proof.add(o)
-        if proof and all(o.mode != BUILT for o in proof):
-            if fl.key_mode_sensitive(fc.key) is False:
-                return frozenset()
+        if proof and all(o.mode != BUILT for o in proof) and fl.key_mode_sensitive(fc.key) is False:
+            return frozenset()  # built only from layers without Dropout/BatchNorm
         return frozenset(proof)
 
     def _message(self, fc: ForwardCall, proof: frozenset[Origin]) -> str:

@@ -15,6 +15,7 @@ from torchdoctor.check.loops import (
 from torchdoctor.check.rule import Rule, Severity
 
 _WORDS = ("val", "test", "eval", "predict", "infer", "generate")
+_SCRIPT_WORDS = ("DataLoader", ".backward(", "zero_grad", ".eval()", "optim.")
 # Code that wants gradients on purpose: adversarial examples, saliency, gradient penalties.
 _NEEDS_GRAD = re.compile(
     r"\.backward\(|autograd\.grad|requires_grad|enable_grad|set_grad_enabled|\.grad\b"
@@ -76,6 +77,9 @@ class EvalWithoutNoGrad(Rule):
     def finish(self) -> None:
         if is_test_file(self.ctx.path):
             return
+        # evaluation of a model being trained or served: not library helpers that run
+        # a model they were handed (calibration, tracing, export)
+        script = any(w in self.ctx.source for w in _SCRIPT_WORDS)
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
             if not any(w in fi.text for w in _WORDS) or is_lightning_eval_hook(fi.name):
@@ -92,6 +96,8 @@ class EvalWithoutNoGrad(Rule):
                     fc.in_loop and bool(fc.origins) and all(o.mode == EVAL for o in fc.origins)
                 )
                 if fc.region != "strong" and not after_eval:
+                    continue
+                if not script and not after_eval:
                     continue
                 if not fc.in_loop and (
                     all(o.mode == BUILT for o in fc.origins)

@@ -81,14 +81,15 @@ class MissingZeroGrad(Rule):
             if "backward" not in fi.text or ".step(" not in fi.text:
                 continue
             events = fl.events(fi)
-            done: set[int] = set()
+            done: set[tuple[int, str | None]] = set()
             for step in events:
                 if step.kind not in (STEP, SCALER_STEP):
                     continue
                 loop = _training_loop(events, step)
-                if loop is None or id(loop) in done:
+                slot = (id(loop), step.subject if step.kind == STEP else step.target)
+                if loop is None or slot in done:
                     continue
-                done.add(id(loop))
+                done.add(slot)
                 if self._zeroes(fl, fi, events, loop, step):
                     continue
                 backward = next(e for e in events if e.kind == BACKWARD and e.in_loop(loop))
@@ -120,13 +121,20 @@ class MissingZeroGrad(Rule):
     ) -> bool:
         """Whether anything in `loop` may zero (or reset) the gradients."""
         loop_text = self.ctx.segment(loop)
-        if mentions_zeroing(loop_text):
-            return True
         optimizer = step.subject if step.kind == STEP else step.target
         if optimizer is not None and re.search(re.escape(optimizer) + r"\s*=[^=]", loop_text):
             return True  # a fresh optimizer (over fresh tensors) on every pass
+        optimizers = {e.subject if e.kind == STEP else e.target for e in events} - {None}
         for event in events:
-            if not event.in_loop(loop) or event.kind != CALL:
+            if not event.in_loop(loop):
+                continue
+            if event.kind == ZERO and (
+                event.subject is None
+                or event.subject == optimizer
+                or event.subject not in optimizers
+            ):
+                return True  # this optimizer's zero_grad, p.grad = None, model.zero_grad()
+            if event.kind != CALL:
                 continue
             call = event.node
             assert isinstance(call, ast.Call)
@@ -148,7 +156,12 @@ class MissingZeroGrad(Rule):
                 isinstance(func, ast.Attribute) and func.attr in ("step", "unscale_")
             ):
                 return True  # handed to code we cannot see
-        return False
+        # a closure defined in the loop (LBFGS) or code we do not see as events
+        return any(
+            isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            and mentions_zeroing(self.ctx.segment(node))
+            for node in ast.walk(loop)
+        )
 
 
 def _training_loop(events: list[Event], step: Event) -> ast.AST | None:

@@ -79,8 +79,7 @@ class AccumulationNotScaled(Rule):
             if (
                 "backward" not in text
                 or ".step(" not in text
-                or ("%" not in text
-                and "range(" not in text)
+                or ("%" not in text and "range(" not in text)
             ):
                 continue
             if _SUM_REDUCTION.search(text):
@@ -174,11 +173,12 @@ def _scaled(fi: FunctionInfo, backward: Event, k: str) -> bool:
         if isinstance(stmt, ast.AugAssign) and dotted(stmt.target) in (key, head):
             if isinstance(stmt.op, ast.Div | ast.Mult | ast.FloorDiv):
                 return True
-        elif isinstance(stmt, ast.Assign) and any(
-            dotted(t) in (key, head) or _binds(t, head) for t in stmt.targets
+        elif (
+            isinstance(stmt, ast.Assign)
+            and any(dotted(t) in (key, head) or _binds(t, head) for t in stmt.targets)
+            and (_has_scaling(stmt.value) or k in ast.unparse(stmt.value))
         ):
-            if _has_scaling(stmt.value) or k in ast.unparse(stmt.value):
-                return True
+            return True
     return False
 
 
@@ -209,7 +209,10 @@ def _has_scaling(expr: ast.AST) -> bool:
                 isinstance(node.left, ast.Constant) and isinstance(node.right, ast.Constant)
             ):
                 return True
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if node.func.attr in ("div", "div_", "mul", "mul_", "true_divide"):
-                return True
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("div", "div_", "mul", "mul_", "true_divide")
+        ):
+            return True
     return False

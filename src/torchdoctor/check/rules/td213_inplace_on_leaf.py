@@ -1,0 +1,298 @@
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torchdoctor.check.loops import (
+    FunctionInfo,
+    analysis,
+    dotted,
+    is_no_grad_decorated,
+    with_item_context,
+)
+from torchdoctor.check.rule import Rule, Severity
+
+# Tensor methods that write into the tensor itself.
+_INPLACE = frozenset(
+    {
+        "add_",
+        "sub_",
+        "mul_",
+        "div_",
+        "zero_",
+        "fill_",
+        "copy_",
+        "clamp_",
+        "clamp_min_",
+        "clamp_max_",
+        "normal_",
+        "uniform_",
+        "addcmul_",
+        "addcdiv_",
+        "lerp_",
+        "masked_fill_",
+        "index_add_",
+        "index_fill_",
+        "scatter_",
+        "scatter_add_",
+        "pow_",
+        "sqrt_",
+        "exp_",
+        "abs_",
+        "neg_",
+        "sign_",
+        "clip_",
+        "fmod_",
+        "renorm_",
+        "t_",
+        "squeeze_",
+        "unsqueeze_",
+        "resize_",
+        "set_",
+        "bernoulli_",
+        "exponential_",
+        "random_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+    }
+)
+_PARAMETER_CLASSES = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter", "Parameter"})
+
+
+@dataclass(frozen=True)
+class Leaf:
+    key: str
+    line: int
+    how: str  # "created with `requires_grad=True`", "a parameter of `model`", ...
+
+
+class InplaceOnLeaf(Rule):
+    """An in-place update of a parameter or `requires_grad=True` leaf outside `no_grad`.
+
+    ## What it does
+    Finds in-place writes -- `w -= lr * w.grad`, `w += x`, `w.add_(...)`,
+    `w.mul_(...)`, `w.zero_()`, `w[i] = v`, ... -- to a tensor that is a leaf of
+    the autograd graph and requires grad, outside `torch.no_grad()` (or a function
+    decorated with it):
+
+    - a tensor made in the same function with `requires_grad=True`,
+      `.requires_grad_()` or `nn.Parameter(...)`;
+    - a parameter from `for p in model.parameters():` in a function that also runs
+      `backward()` (a hand-written update step);
+    - a `self.weight = nn.Parameter(...)` updated in the module's `forward`.
+
+    Updates of `p.data` or `p.grad` are not in-place updates of the leaf itself.
+
+    ## Why is this bad?
+    Autograd refuses it. The line raises
+    `RuntimeError: a leaf Variable that requires grad is being used in an in-place
+    operation.` -- at the first training step, after the data pipeline and the
+    model have been set up. Optimizers, `nn.init` functions and hand-written SGD
+    steps all do these updates inside `torch.no_grad()`, which tells autograd not
+    to record them.
+
+    ## Example
+    ```python
+    w = torch.randn(3, requires_grad=True)
+    loss = (x @ w).pow(2).mean()
+    loss.backward()
+    w -= 0.1 * w.grad
+    ```
+
+    ## Use instead
+    ```python
+    with torch.no_grad():
+        w -= 0.1 * w.grad
+        w.grad = None
+    ```
+
+    ## References
+    - https://pytorch.org/docs/stable/notes/autograd.html#in-place-operations-with-autograd
+    - https://pytorch.org/docs/stable/generated/torch.no_grad.html
+    """
+
+    code = "TD213"
+    name = "inplace-on-leaf"
+    category = "training"
+    severity = Severity.ERROR
+    triggers: ClassVar[tuple[str, ...]] = ("requires_grad", "Parameter", "parameters()")
+
+    def finish(self) -> None:
+        fl = analysis(self.ctx)
+        class_params = self._class_parameters()
+        for fi in fl.all_functions():
+            text = fi.text
+            if not any(t in text for t in ("requires_grad", "Parameter", "parameters()", "self.")):
+                continue
+            if not fi.is_module and is_no_grad_decorated(self.ctx, fi.node):  # type: ignore[arg-type]
+                continue
+            if any(event.no_grad for _, event in fl.callers(fi)):
+                continue
+            leaves = self._leaves(fi, class_params)
+            if leaves:
+                _Walker(self, fi, leaves).run()
+
+    def _class_parameters(self) -> dict[str, dict[str, int]]:
+        """Class name -> {`self.w`: line} for `self.w = nn.Parameter(...)`."""
+        found: dict[str, dict[str, int]] = {}
+        if "Parameter" not in self.ctx.source:
+            return found
+        for cls in analysis(self.ctx).classes.values():
+            for node in ast.walk(cls):
+                if (
+                    isinstance(node, ast.Assign)
+                    and isinstance(node.value, ast.Call)
+                    and self.ctx.qualname(node.value.func) in _PARAMETER_CLASSES
+                ):
+                    for target in node.targets:
+                        key = dotted(target)
+                        if key and key.startswith("self."):
+                            found.setdefault(cls.name, {})[key] = node.lineno
+        return found
+
+    def _leaves(self, fi: FunctionInfo, class_params: dict[str, dict[str, int]]) -> list[Leaf]:
+        leaves: list[Leaf] = []
+        trains = "backward" in fi.text
+        for stmt in fi.own_statements():
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                key = dotted(stmt.targets[0])
+                how = self._leaf_value(stmt.value)
+                if key and how:
+                    leaves.append(Leaf(key, stmt.lineno, how))
+            elif isinstance(stmt, ast.For) and trains:
+                it = stmt.iter
+                if (
+                    isinstance(it, ast.Call)
+                    and isinstance(it.func, ast.Attribute)
+                    and it.func.attr in ("parameters", "named_parameters")
+                    and "requires_grad" not in self.ctx.segment(stmt)
+                ):
+                    target = stmt.target
+                    if it.func.attr == "named_parameters" and isinstance(target, ast.Tuple):
+                        target = target.elts[-1]
+                    key = dotted(target)
+                    if key:
+                        owner = self.ctx.segment(it.func.value)
+                        leaves.append(Leaf(key, stmt.lineno, f"a parameter of `{owner}`"))
+        if fi.cls is not None and fi.name == "forward":
+            for key, line in class_params.get(fi.cls.name, {}).items():
+                leaves.append(Leaf(key, line, f"an `nn.Parameter` of `{fi.cls.name}`"))
+        return leaves
+
+    def _leaf_value(self, value: ast.expr) -> str | None:
+        if not isinstance(value, ast.Call):
+            return None
+        name = self.ctx.qualname(value.func) or ""
+        if name in _PARAMETER_CLASSES:
+            requires = next((k.value for k in value.keywords if k.arg == "requires_grad"), None)
+            if isinstance(requires, ast.Constant) and requires.value is False:
+                return None
+            return "an `nn.Parameter`"
+        if isinstance(value.func, ast.Attribute) and value.func.attr == "requires_grad_":
+            arg = value.args[0] if value.args else None
+            if arg is None or (isinstance(arg, ast.Constant) and arg.value is True):
+                return "made a leaf with `.requires_grad_()`"
+            return None
+        for kw in value.keywords:
+            if (
+                kw.arg == "requires_grad"
+                and isinstance(kw.value, ast.Constant)
+                and kw.value.value is True
+                and name.startswith("torch.")
+            ):
+                return "created with `requires_grad=True`"
+        return None
+
+
+class _Walker:
+    """Walks one function tracking no_grad blocks and the latest binding of each leaf."""
+
+    def __init__(self, rule: InplaceOnLeaf, fi: FunctionInfo, leaves: list[Leaf]) -> None:
+        self.rule = rule
+        self.ctx = rule.ctx
+        self.fi = fi
+        self.leaves = leaves
+        self.keys = {leaf.key for leaf in leaves}
+        self.autocast_names = analysis(self.ctx).autocast_names()
+
+    def run(self) -> None:
+        self._block(self.fi.body, False)
+
+    def _block(self, stmts: list[ast.stmt], no_grad: bool) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                continue
+            if isinstance(stmt, ast.With | ast.AsyncWith):
+                inner = no_grad
+                for item in stmt.items:
+                    gc = with_item_context(self.ctx, item.context_expr, self.autocast_names)
+                    if gc.no_grad or gc.grad_switch:
+                        inner = True
+                self._block(stmt.body, inner)
+                continue
+            if not no_grad:
+                self._check(stmt)
+            for name in ("body", "orelse", "finalbody"):
+                self._block(getattr(stmt, name, []) or [], no_grad)
+            for holder in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
+                self._block(holder.body, no_grad)
+
+    def _check(self, stmt: ast.stmt) -> None:
+        targets: list[tuple[ast.AST, str, str]] = []  # (node, key, what)
+        if isinstance(stmt, ast.AugAssign):
+            key = dotted(stmt.target)
+            if key:
+                targets.append((stmt, key, f"`{self.ctx.segment(stmt)}`"))
+            elif isinstance(stmt.target, ast.Subscript):
+                key = dotted(stmt.target.value)
+                if key:
+                    targets.append((stmt, key, f"`{self.ctx.segment(stmt)}`"))
+        elif isinstance(stmt, ast.Assign):
+            for target in stmt.targets:
+                if isinstance(target, ast.Subscript):
+                    key = dotted(target.value)
+                    if key:
+                        targets.append((stmt, key, f"`{self.ctx.segment(stmt)}`"))
+        if not isinstance(stmt, ast.If | ast.For | ast.While | ast.Try | ast.Match):
+            for node in ast.walk(stmt):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in _INPLACE
+                ):
+                    key = dotted(node.func.value)
+                    if key:
+                        targets.append((node, key, f"`{self.ctx.segment(node)}`"))
+        for node, key, what in targets:
+            if key not in self.keys:
+                continue
+            leaf = self._binding(key, getattr(node, "lineno", 0))
+            if leaf is None:
+                continue
+            self.rule.report(
+                node,
+                f"{what} at line {getattr(node, 'lineno', 0)} updates `{key}` in place, "
+                f"a leaf tensor that requires grad ({leaf.how}, line {leaf.line}), outside "
+                "`torch.no_grad()`: RuntimeError: a leaf Variable that requires grad is "
+                "being used in an in-place operation",
+                hint="do the update inside `with torch.no_grad():`",
+            )
+
+    def _binding(self, key: str, line: int) -> Leaf | None:
+        """The leaf `key` is bound to at `line`, if its latest binding makes one."""
+        latest: Leaf | None = None
+        latest_line = -1
+        for leaf in self.leaves:
+            if leaf.key == key and latest_line < leaf.line <= line:
+                latest, latest_line = leaf, leaf.line
+        if latest is None:
+            return None
+        # rebound to something else in between (`w = w * 2`)?
+        for stmt in self.fi.own_statements():
+            if latest_line < stmt.lineno < line and isinstance(stmt, ast.Assign | ast.AnnAssign):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                if any(dotted(t) == key for t in targets):
+                    return None
+        return latest
