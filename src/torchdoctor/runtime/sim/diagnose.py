@@ -109,6 +109,10 @@ def _root_name(root: Module, start: FrameType | None) -> str:
             for name, value in frame.f_locals.items():
                 if value is root and name != "self":
                     return name
+                if not isinstance(value, Module) and hasattr(value, "__dict__"):
+                    for attr, held in vars(value).items():  # self.model in a Trainer
+                        if held is root:
+                            return f"{name}.{attr}"
             for name, value in frame.f_globals.items():
                 if value is root:
                     return name
