@@ -56,6 +56,16 @@ INVALID_ORDINAL = (
 )
 
 
+def _skip_in_dynamo() -> None:
+    """torch.compile must run the dispatch mode, not trace into it (no per-op cost)."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # another torch: the mode is simply traced or skipped there
+        return
+    for function in (VirtualDeviceMode.__torch_dispatch__, VirtualDeviceMode._slow):
+        skip_code(function.__code__)
+
+
 def _add_note(error: BaseException, note: str) -> None:
     """error.add_note (Python 3.11+); on 3.10 the note is kept in __notes__ unprinted."""
     add_note = getattr(error, "add_note", None)
@@ -174,6 +184,7 @@ class Simulation:
             import torch.utils._device
 
             torch.utils._device._device_constructors()  # cached: the real factories
+            _skip_in_dynamo()
 
             self._patches = Patches(self)
             self._patches.install()
