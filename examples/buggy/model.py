@@ -27,6 +27,7 @@ class TextClassifier(nn.Module):
         self.pos = PositionalEncoding(dim)
         # a plain list: these layers are not registered, so not moved and not trained
         self.blocks = [nn.Linear(dim, dim) for _ in range(layers)]
+        self.drop = nn.Dropout(0.1)  # active in training mode only: model.eval() turns it off
         self.head = nn.Linear(dim, classes)
         self.softmax = nn.Softmax(dim=-1)
 
@@ -38,4 +39,5 @@ class TextClassifier(nn.Module):
             x = torch.relu(block(x))
         weights = torch.cat([mask.new_ones(mask.size(0), 1), mask], dim=1).float()
         pooled = (x * weights.unsqueeze(-1)).sum(dim=1) / weights.sum(dim=1, keepdim=True)
+        pooled = self.drop(pooled)
         return self.softmax(self.head(pooled))  # probabilities, not logits

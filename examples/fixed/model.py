@@ -26,6 +26,7 @@ class TextClassifier(nn.Module):
         self.embed = nn.Embedding(vocab, dim)
         self.pos = PositionalEncoding(dim)
         self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+        self.drop = nn.Dropout(0.1)  # active in training mode only: model.eval() turns it off
         self.head = nn.Linear(dim, classes)
 
     def forward(self, tokens, mask):
@@ -36,4 +37,5 @@ class TextClassifier(nn.Module):
             x = torch.relu(block(x))
         weights = torch.cat([mask.new_ones(mask.size(0), 1), mask], dim=1).float()
         pooled = (x * weights.unsqueeze(-1)).sum(dim=1) / weights.sum(dim=1, keepdim=True)
+        pooled = self.drop(pooled)
         return self.head(pooled)  # logits: CrossEntropyLoss applies log-softmax itself

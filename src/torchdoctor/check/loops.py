@@ -108,7 +108,27 @@ _GENERATION_WORDS = frozenset(
     }
 )
 _EVAL_DATA_WORDS = frozenset({"val", "valid", "validation", "test", "testing", "eval", "dev"})
-_NOT_EVAL_WORDS = frozenset({"train", "training", "fit", "loss", "split", "set", "is"})
+_NOT_EVAL_WORDS = frozenset(
+    {
+        "train",
+        "training",
+        "fit",
+        "loss",
+        "split",
+        "set",
+        "is",
+        "get",
+        "build",
+        "make",
+        "create",
+        "loader",
+        "dataloader",
+        "dataset",
+        "datasets",
+        "transform",
+        "transforms",
+    }
+)
 
 # Lightning sets eval mode and no_grad around these itself.
 _LIGHTNING_EVAL_HOOK = re.compile(

@@ -82,11 +82,13 @@ class WorkersWithoutMainGuard(Rule):
 
     def finish(self) -> None:
         ctx = self.ctx
-        if ctx.path.endswith(".ipynb") or "__main__" in ctx.source:
+        if ctx.path.endswith(".ipynb"):
             return
         if re.search(r"(?m)^# %%", ctx.source):
             return  # a notebook kept as a script (Jupytext / VS Code cells)
-        if any(isinstance(s, ast.If) and is_main_guard(s.test) for s in ctx.tree.body):
+        if "__main__" in ctx.source and any(
+            isinstance(s, ast.If) and is_main_guard(s.test) for s in ctx.tree.body
+        ):
             return
         fl = analysis(ctx)
         reached = _reached_from_module(fl)
