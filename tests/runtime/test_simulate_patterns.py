@@ -246,7 +246,7 @@ def test_host_transfer() -> None:
     v = torch.randn(3, device=dev, requires_grad=True)
     v.detach().cpu().numpy()
     v.detach().cpu().tolist()
-    float(v.sum())
+    float(v.detach().sum())
     v.sum().item()
     int(torch.tensor(3, device=dev))
     bool((v > 0).any())
