@@ -42,10 +42,10 @@ being on the module's device, and `forward` sees its tensor arguments there too.
 from __future__ import annotations
 
 import ast
+import bisect
 import dataclasses
 import enum
 import re
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -542,22 +542,30 @@ def dotted(node: ast.AST) -> str | None:
 
 # -- the per-file object --------------------------------------------------------------
 
-_FLOWS: weakref.WeakKeyDictionary[FileContext, FileFlow] = weakref.WeakKeyDictionary()
+# The flow of the file being checked. Files are checked one after the other, so
+# one slot suffices; the previous file's facts are released as soon as the next
+# file asks (keeping them would keep every file's syntax tree alive).
+_current: list[FileFlow] = []
 
 
 def file_flow(ctx: FileContext) -> FileFlow:
     """The FileFlow of `ctx`, shared by every rule checking that file."""
-    found = _FLOWS.get(ctx)
-    if found is None:
-        found = FileFlow(ctx)
-        _FLOWS[ctx] = found
+    if _current and _current[0].ctx is ctx:
+        return _current[0]
+    if _current:
+        _current.pop().release()
+    found = FileFlow(ctx)
+    _current.append(found)
     return found
 
 
 class FileFlow:
     """Index of a file's functions and classes, and the cache of their scope facts."""
 
-    MAX_SEED_DEPTH = 3
+    MAX_SEED_DEPTH = 2
+    # A caller that mentions none of these cannot pass a moved module, a device tensor
+    # or a loader: it is not analysed, and the callee gets no seeds (unknown is quiet).
+    FACT_WORDS = (".to(", ".cuda(", "device", "DataLoader", "loader", "Loader")
 
     def __init__(self, ctx: FileContext) -> None:
         self.ctx = ctx
@@ -568,17 +576,23 @@ class FileFlow:
         self._toplevel_functions: dict[str, AnyFunction] = {}
         self._methods: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
         self._index(ctx.tree.body, None, top=True)
-        self._scopes: dict[ast.AST, ScopeFlow] = {}
+        self._function_lines = [f.lineno for f in self._functions]
+        self._innermost: dict[int, ScopeNode] = {}
+        self._scopes: dict[tuple[ast.AST, bool], ScopeFlow] = {}
         self._in_progress: set[ast.AST] = set()
         self._module_classes: dict[ast.ClassDef, bool] = {}
         self._self_attrs_assigned: dict[AnyFunction, frozenset[str]] = {}
         self._texts: dict[ast.AST, str] = {}
-        self._called_names: set[str] | None = None
+        self._uses: dict[str, list[tuple[int, bool]] | None] = {}
+        self._module_names: frozenset[str] | None = None
+        self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
 
     # -- index -------------------------------------------------------------------------
     def _index(self, body: list[ast.stmt], cls: ast.ClassDef | None, *, top: bool) -> None:
         for stmt in body:
-            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+            kind = type(stmt)
+            if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+                assert isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef)
                 self._functions.append(stmt)
                 if cls is not None:
                     self._class_of[stmt] = cls
@@ -586,13 +600,21 @@ class FileFlow:
                 elif top:
                     self._toplevel_functions[stmt.name] = stmt
                 self._index(stmt.body, None, top=False)
-            elif isinstance(stmt, ast.ClassDef):
+            elif kind is ast.ClassDef:
+                assert isinstance(stmt, ast.ClassDef)
                 if top:
                     self._classes[stmt.name] = stmt
                 self._methods.setdefault(stmt, {})
                 self._index(stmt.body, stmt, top=False)
-            else:
+            elif kind in _COMPOUND_STATEMENTS:
                 self._index(child_statements(stmt), cls, top=top and cls is None)
+
+    def release(self) -> None:
+        """Drop the cached facts (they reference the syntax tree)."""
+        self._scopes.clear()
+        self._texts.clear()
+        self._class_uses.clear()
+        self._self_attrs_assigned.clear()
 
     def functions(self) -> list[AnyFunction]:
         """Every function and method of the file, in source order of their headers."""
@@ -646,13 +668,16 @@ class FileFlow:
         return func.name == "forward" and cls is not None and self.is_module_class(cls)
 
     def text(self, node: ast.AST) -> str:
-        """The source text of a statement-level node (cached)."""
+        """The source lines of a statement-level node (cached; for cheap text gates)."""
         found = self._texts.get(node)
         if found is None:
             if isinstance(node, ast.Module):
                 found = self.ctx.source
             else:
-                start, end = self.ctx.node_span(node)
+                first = getattr(node, "lineno", 1)
+                last = getattr(node, "end_lineno", None) or first
+                start = self.ctx.offset(first, 0)
+                end = self.ctx.offset(last + 1, 0) if last < len(self.ctx.lines) else None
                 found = self.ctx.source[start:end]
             self._texts[node] = found
         return found
@@ -666,30 +691,66 @@ class FileFlow:
     def module_scope(self) -> ScopeFlow:
         return self.scope(self.ctx.tree)
 
-    def scope(self, node: ScopeNode, *, depth: int = 0) -> ScopeFlow:
-        """The facts of one function (or of the module-level code), analysed once."""
-        found = self._scopes.get(node)
+    def scope(self, node: ScopeNode, *, callers: bool = True, depth: int = 0) -> ScopeFlow:
+        """The facts of one function (or of the module-level code), analysed once.
+
+        With `callers=False` the parameters are not seeded from the function's call
+        sites (cheaper; enough for rules that look at one function's own code).
+        """
+        key = (node, callers)
+        found = self._scopes.get(key)
         if found is not None:
             return found
         if node in self._in_progress or depth > self.MAX_SEED_DEPTH:
-            # a call cycle, or too deep: analyse without parameter seeds, do not cache
-            return ScopeFlow(self, node, seeds={}, analyse=True)
+            # a call cycle, or too deep: analyse without call-site seeds, do not cache
+            return ScopeFlow(self, node, seeds=self._seeds(node, depth, callers=False))
         self._in_progress.add(node)
         try:
-            seeds = self._seeds(node, depth) if not isinstance(node, ast.Module) else {}
-            found = ScopeFlow(self, node, seeds=seeds, analyse=True)
+            seeds = self._seeds(node, depth, callers)
+            found = ScopeFlow(self, node, seeds=seeds)
         finally:
             self._in_progress.discard(node)
-        self._scopes[node] = found
+        self._scopes[key] = found
         return found
 
     def module_exit_env(self) -> Env:
         """Module-level names as the module's code leaves them (globals of functions)."""
         return self.module_scope().exit_env
 
+    def module_assigns(self, name: str) -> bool:
+        """Whether module-level code assigns `name` (imports and defs do not count).
+
+        Lets functions skip analysing the module for globals that cannot hold a fact.
+        """
+        if self._module_names is None:
+            names: set[str] = set()
+            todo: list[ast.stmt] = list(self.ctx.tree.body)
+            while todo:
+                stmt = todo.pop()
+                if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    continue
+                if isinstance(stmt, ast.Import | ast.ImportFrom):
+                    continue
+                for field in ("targets", "target", "items"):
+                    value = getattr(stmt, field, None)
+                    for node in value if isinstance(value, list) else [value]:
+                        if isinstance(node, ast.withitem):
+                            node = node.optional_vars
+                        if isinstance(node, ast.AST):
+                            names.update(_target_names(node))  # type: ignore[arg-type]
+                todo.extend(child_statements(stmt))
+            self._module_names = frozenset(names)
+        return name in self._module_names
+
+    def scopes_at(self, lines: Iterable[int]) -> list[ScopeNode]:
+        """The innermost scope of each line, without repeats, in first-seen order."""
+        return list(dict.fromkeys(self.innermost_scope(line) for line in lines))
+
     # -- seeds ---------------------------------------------------------------------------
-    def _seeds(self, func: AnyFunction, depth: int) -> Env:
+    def _seeds(self, func: ScopeNode, depth: int, callers: bool) -> Env:
         """Initial values of a function's parameters and of `self.x` attributes."""
+        if isinstance(func, ast.Module):
+            return {}
         seeds: Env = {}
         args = func.args
         params = [*args.posonlyargs, *args.args]
@@ -704,8 +765,11 @@ class FileFlow:
         for arg, default in zip(params[len(params) - len(defaults) :], defaults, strict=False):
             if isinstance(default, ast.List | ast.Tuple) and arg.arg not in seeds:
                 seeds[arg.arg] = Value(Kind.CONTAINER)
-        # seeds from call sites in this file (and other files, through the project index)
-        call_seeds = self._call_site_seeds(func, params, cls, depth)
+        # seeds from call sites in this file (and other files, through the project index);
+        # calls between methods of one class are cheap to find and always followed
+        call_seeds: Env = {}
+        if callers or (cls is not None and func.name != "__init__"):
+            call_seeds = self._call_site_seeds(func, params, cls, depth)
         seeds.update(call_seeds)
         if cls is not None and self_name is not None:
             module_class = self.is_module_class(cls)
@@ -771,32 +835,62 @@ class FileFlow:
         return seeds
 
     def self_attrs_assigned(self, func: AnyFunction) -> frozenset[str]:
-        """Names `x` with `self.x = ...` (or augmented/annotated) anywhere in `func`."""
+        """Names `x` with `self.x = ...` (augmented, in a tuple, ...) anywhere in `func`.
+
+        Read from the text (an over-approximation is safe: it only removes facts).
+        """
         found = self._self_attrs_assigned.get(func)
         if found is None:
             params = [*func.args.posonlyargs, *func.args.args]
             me = params[0].arg if params else "self"
+            text = self.text(func)
             names: set[str] = set()
-            if f"{me}." in self.text(func):
-                for node in ast.walk(func):
-                    if (
-                        isinstance(node, ast.Attribute)
-                        and isinstance(node.ctx, ast.Store)
-                        and isinstance(node.value, ast.Name)
-                        and node.value.id == me
-                    ):
-                        names.add(node.attr)
-                if "setattr(" in self.text(func):
+            if f"{me}." in text:
+                pattern = _ASSIGNED_ATTR.get(me)
+                if pattern is None:
+                    pattern = re.compile(
+                        rf"\b{re.escape(me)}\.(\w+)\s*(?:\[[^\]\n]*\]\s*)?"
+                        r"(?:,|=(?!=)|[-+*/%@&|^]=|//=|\*\*=|>>=|<<=)"
+                    )
+                    _ASSIGNED_ATTR[me] = pattern
+                names.update(pattern.findall(text))
+                if "setattr(" in text:
                     names.add("*")
             found = frozenset(names)
             self._self_attrs_assigned[func] = found
         return found
 
-    def called_names(self) -> set[str]:
-        """Every bare name that is called somewhere in the file (`name(`)."""
-        if self._called_names is None:
-            self._called_names = set(re.findall(r"(?<![\w.])(\w+)\s*\(", self.ctx.source))
-        return self._called_names
+    def _occurrences(self, name: str) -> list[tuple[int, bool]] | None:
+        """(line, is a call) of each use of the top-level function or class `name`.
+
+        None when `name` is also used as a value (a callback, a decorator): then its
+        calls cannot all be seen. `name(` is a call; `name` followed by `,` `)` `]`
+        `}` or a line end is a value; prose in a docstring (`name the ...`) is neither.
+        """
+        if name in self._uses:
+            return self._uses[name]
+        source = self.ctx.source
+        uses: list[tuple[int, bool]] | None = []
+        start = source.find(name)
+        while start >= 0 and uses is not None:
+            end = start + len(name)
+            before = source[start - 1] if start else " "
+            after = source[end : end + 1]
+            if not (before.isalnum() or before in "_.\"'") and not (
+                after.isalnum() or after == "_"
+            ):
+                rest = source[end : source.find("\n", end) + 1 or len(source)].lstrip(" \t")
+                line_start = source.rfind("\n", 0, start) + 1
+                head = source[line_start:start]
+                if rest.startswith("(") and not head.rstrip().endswith("@"):
+                    uses.append((self.ctx.line_of_offset(start), True))
+                elif (not rest or rest[0] in ",)]}\n" or head.rstrip().endswith("@")) and not (
+                    _DEF_OR_IMPORT.fullmatch(head)
+                ):
+                    uses = None
+            start = source.find(name, end)
+        self._uses[name] = uses
+        return uses
 
     def _call_site_seeds(
         self,
@@ -807,6 +901,7 @@ class FileFlow:
     ) -> Env:
         """Join, over every call of `func`, the value passed to each parameter."""
         sites: list[tuple[CallSite, int]] = []  # (call, offset of the first parameter)
+        scopes: list[ScopeNode] | None
         if cls is None:
             if self._toplevel_functions.get(func.name) is not func:
                 return {}
@@ -815,16 +910,19 @@ class FileFlow:
             callee, offset, scopes = cls.name, 1, self._caller_scopes(cls.name)
         elif params and not _is_static(func) and func.name != "__init__":
             callee, offset = f"self.{func.name}", 1
-            scopes = [m for m in self.methods(cls).values() if m is not func]
-            if self._referenced_elsewhere(f"self.{func.name}", scopes, require_call=True):
-                return {}
+            uses, calls, callers = self._method_uses(cls).get(func.name, (0, 0, []))
+            if uses != calls:
+                return {}  # `self.m` passed around as a value: not all calls are seen
+            scopes = [m for m in callers if m is not func]
         else:
             return {}
         if scopes is None:
             return {}
         for scope_node in scopes:
-            if f"{callee}(" not in self.text(scope_node) and callee not in self.text(scope_node):
-                continue
+            forward = isinstance(scope_node, ast.FunctionDef) and self.is_forward(scope_node)
+            if not forward and not self.mentions(scope_node, *self.FACT_WORDS):
+                return {}  # an uninformative caller: the join would be unknown anyway
+        for scope_node in scopes:
             caller = self.scope(scope_node, depth=depth + 1)
             sites.extend((site, offset) for site in caller.calls if site.callee == callee)
         remote = self.project_call_facts(callee) if cls is None or func.name == "__init__" else []
@@ -874,33 +972,50 @@ class FileFlow:
         return out
 
     def _caller_scopes(self, name: str) -> list[ScopeNode] | None:
-        """Scopes that may call `name`; None if `name` escapes (passed as a value)."""
-        if name not in self.called_names():
-            return []
-        # `name` followed by `,` `)` `]` `}` or a line end is passed around as a value (a
-        # callback): its calls cannot all be seen. Prose in docstrings is followed by words.
-        pattern = re.compile(rf"(@\s*)?(?<![\w.\"'])({re.escape(name)})\b[ \t]*([,)\]}}\n]|$)?")
-        for match in pattern.finditer(self.ctx.source):
-            if match.group(3) is not None or match.group(1):
-                line_start = self.ctx.source.rfind("\n", 0, match.start()) + 1
-                head = self.ctx.source[line_start : match.start()]
-                if re.fullmatch(r"\s*(from\s+\S+\s+)?import\s+.*", head):
-                    continue
-                return None
-        scopes: list[ScopeNode] = [self.ctx.tree]
-        scopes.extend(f for f in self._functions if f.name != name)
-        return scopes
+        """The scopes that call `name`; None if `name` escapes (passed as a value)."""
+        uses = self._occurrences(name)
+        if uses is None:
+            return None
+        found: dict[ScopeNode, None] = {}
+        for line, is_call in uses:
+            if is_call:
+                found[self.innermost_scope(line)] = None
+        return list(found)
 
-    def _referenced_elsewhere(
-        self, text: str, scopes: list[ScopeNode], *, require_call: bool
-    ) -> bool:
-        """Whether `self.m` is used other than as a direct call somewhere in the class."""
-        pattern = re.compile(rf"{re.escape(text)}\b(\s*\()?")
-        for scope_node in scopes:
-            for match in pattern.finditer(self.text(scope_node)):
-                if require_call and match.group(1) is None:
-                    return True
-        return False
+    def innermost_scope(self, line: int) -> ScopeNode:
+        """The innermost function whose text holds `line` (else the module)."""
+        found = self._innermost.get(line)
+        if found is None:
+            found = self.ctx.tree
+            # functions are listed in source order, nested ones after their parent:
+            # the last one starting at or before `line` that still spans it is innermost
+            index = bisect.bisect_right(self._function_lines, line)
+            for func in reversed(self._functions[:index]):
+                if (func.end_lineno or func.lineno) >= line:
+                    found = func
+                    break
+            self._innermost[line] = found
+        return found
+
+    def _method_uses(self, cls: ast.ClassDef) -> dict[str, tuple[int, int, list[AnyFunction]]]:
+        """Per method name `m`: (uses of `self.m`, calls `self.m(`, the methods calling it)."""
+        found = self._class_uses.get(cls)
+        if found is None:
+            found = {}
+            for method in self.methods(cls).values():
+                params = [*method.args.posonlyargs, *method.args.args]
+                me = params[0].arg if params else "self"
+                for match in _SELF_ATTRIBUTE_USE.finditer(self.text(method)):
+                    if match.group(1) != me:
+                        continue
+                    uses, calls, callers = found.get(match.group(2), (0, 0, []))
+                    if match.group(3):
+                        calls += 1
+                        if not callers or callers[-1] is not method:
+                            callers = [*callers, method]
+                    found[match.group(2)] = (uses + 1, calls, callers)
+            self._class_uses[cls] = found
+        return found
 
     def _bind_site(
         self, site: CallSite, names: list[str], offset: int, func: AnyFunction
@@ -925,6 +1040,15 @@ def _as_parameter(param: str, value: Value) -> Value:
     if value.kind is Kind.LOADER and value.name and value.name != param:
         return dataclasses.replace(value, name=param, alias=value.alias or value.name)
     return value
+
+
+_COMPOUND_STATEMENTS = frozenset(
+    {ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try}
+    | {getattr(ast, name) for name in ("TryStar", "Match") if hasattr(ast, name)}
+)
+_ASSIGNED_ATTR: dict[str, re.Pattern[str]] = {}
+_SELF_ATTRIBUTE_USE = re.compile(r"(?<![\w.])(\w+)\.(\w+)\b(\s*\()?")
+_DEF_OR_IMPORT = re.compile(r"\s*(?:(?:async\s+)?(?:def|class)\s+|(?:from\s+\S+\s+)?import\s+.*)")
 
 
 def _join_seeds(a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
@@ -990,7 +1114,7 @@ class ScopeFlow:
 
     MAX_LOOP_PASSES = 3
 
-    def __init__(self, ff: FileFlow, node: ScopeNode, *, seeds: Env, analyse: bool = True) -> None:
+    def __init__(self, ff: FileFlow, node: ScopeNode, *, seeds: Env) -> None:
         self.ff = ff
         self.ctx = ff.ctx
         self.node = node
@@ -1012,20 +1136,16 @@ class ScopeFlow:
         self.is_function = not isinstance(node, ast.Module)
         self.self_name = ""
         self.cls: ast.ClassDef | None = None
-        if isinstance(node, ast.Module):
-            self.locals: frozenset[str] | None = None  # everything is local at module level
-            self.globals: Env = {}
-        else:
+        self._locals: frozenset[str] | None = None  # computed on first need
+        self._globals: Env | None = None
+        if not isinstance(node, ast.Module):
             self.cls = ff.class_of(node)
             params = [*node.args.posonlyargs, *node.args.args]
             if self.cls is not None and params and not _is_static(node):
                 self.self_name = params[0].arg
-            self.locals = _local_names(node)
-            self.globals = ff.module_exit_env() if self._reads_globals() else {}
             if _decorated_no_grad(node, ff.ctx):
                 self._no_grad = 1
-        if analyse:
-            self._run()
+        self._run()
 
     # -- queries -------------------------------------------------------------------------
     def value(self, node: ast.AST) -> Value:
@@ -1044,9 +1164,6 @@ class ScopeFlow:
         return self._named_calls.get(name, [])
 
     # -- driver ----------------------------------------------------------------------------
-    def _reads_globals(self) -> bool:
-        return True
-
     def _run(self) -> None:
         env: Env = {k: v for k, v in self.seeds.items()}
         self.env = env
@@ -1069,9 +1186,21 @@ class ScopeFlow:
         env = self.env
         if env is not None and name in env:
             return env[name]
-        if self.locals is None or name in self.locals:
+        return self.global_value(name, name)
+
+    def global_value(self, root: str, key: str) -> Value:
+        """The module-level value of `key` (a name or `name.attr`), if `root` is not local."""
+        if isinstance(self.node, ast.Module):
+            return UNKNOWN  # at module level every name is the scope's own
+        if not self.ff.module_assigns(root):
             return UNKNOWN
-        return self.globals.get(name, UNKNOWN)
+        if self._globals is None:
+            self._globals = self.ff.module_exit_env()
+        if key not in self._globals:
+            return UNKNOWN
+        if self._locals is None:
+            self._locals = _local_names(self.node)
+        return UNKNOWN if root in self._locals else self._globals[key]
 
     def _set(self, key: str, value: Value) -> None:
         env = self.env
@@ -1414,9 +1543,9 @@ class ScopeFlow:
             if key in self.env:
                 self.eval(node.value)
                 return self.env[key]
-            root = key.split(".", 1)[0]
-            if self.locals is not None and root not in self.locals and key in self.globals:
-                return self.globals[key]
+            held = self.global_value(key.split(".", 1)[0], key)
+            if held is not UNKNOWN:
+                return held
         recv = self.eval(node.value)
         return self._attribute(recv, node)
 
@@ -1709,10 +1838,8 @@ class ScopeFlow:
             key = dotted(func)
             if key is not None and self.env is not None and key in self.env:
                 callee = self.env[key]
-            elif key is not None and self.locals is not None:
-                root = key.split(".", 1)[0]
-                if root not in self.locals and key in self.globals:
-                    callee = self.globals[key]
+            elif key is not None:
+                callee = self.global_value(key.split(".", 1)[0], key)
         else:
             callee = self.eval(func)
             if self._recording and isinstance(func, ast.Name):
@@ -2429,8 +2556,6 @@ class ScopeFlow:
                 root = key if "." not in key else key.split(".", 1)[0]
                 for name in dict.fromkeys((key, root)):
                     held = self.env.get(name) if self.env is not None else None
-                    if held is None and self.locals is not None and name not in self.locals:
-                        continue
                     if held is not None and held.kind is Kind.MODULE and held.optimizer is None:
                         self._set(name, dataclasses.replace(held, optimizer=node))
                         break
@@ -2589,13 +2714,16 @@ def _local_names(func: AnyFunction) -> frozenset[str]:
     return frozenset(names - declared_global)
 
 
-def scopes_with(ff: FileFlow, *needles: str, module: bool = True) -> Iterable[ScopeNode]:
-    """The module (if its text has a needle) and every function whose text has one."""
-    if module and any(n in ff.ctx.source for n in needles):
-        yield ff.ctx.tree
-    for func in ff.functions():
-        if ff.mentions(func, *needles):
-            yield func
+def scopes_with(ff: FileFlow, *needles: str) -> list[ScopeNode]:
+    """The scopes (module-level code, functions) whose own code contains a needle."""
+    source = ff.ctx.source
+    lines: list[int] = []
+    for needle in needles:
+        start = source.find(needle)
+        while start >= 0:
+            lines.append(ff.ctx.line_of_offset(start))
+            start = source.find(needle, start + len(needle))
+    return ff.scopes_at(sorted(lines))
 
 
 def _skip(self: ScopeFlow, stmt: ast.stmt) -> None:

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import ClassVar
 
 from torchdoctor.check import flow
 from torchdoctor.check.flow import Kind, Move, Place, ScopeFlow
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
+# A statement that starts with a move: `x.to(device)`, `batch[0].cuda()`.
+_STATEMENT_MOVE = re.compile(r"^[ \t]*[\w.]+(?:\[[^\]\n]*\])*\.(?:to|cuda|cpu)\(", re.MULTILINE)
 # Tests that expect the move to fail drop its result on purpose.
 _EXPECTS_ERROR = ("assertRaises", "raises", "assertWarns", "warns")
 
@@ -63,9 +66,15 @@ class DiscardedTo(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
+        # only scopes with a line that starts with `x.to(`/`x.cuda(`/`x.cpu(` can drop one
+        lines = [
+            self.ctx.line_of_offset(m.start()) for m in _STATEMENT_MOVE.finditer(self.ctx.source)
+        ]
+        if not lines:
+            return
         ff = flow.file_flow(self.ctx)
-        for node in flow.scopes_with(ff, ".to(", ".cuda(", ".cpu("):
-            scope = ff.scope(node)
+        for node in dict.fromkeys(ff.innermost_scope(line) for line in lines):
+            scope = ff.scope(node, callers=False)
             for move in scope.moves:
                 if move.dropped and self._is_tensor(move):
                     self._report(scope, move)

@@ -75,7 +75,7 @@ class FactoryWithoutDevice(Rule):
                 continue
             if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
                 continue
-            self._check(func, forward, ff.scope(func))
+            self._check(func, forward, ff.scope(func, callers=False))
 
     def _check(self, func: AnyFunction, forward: AnyFunction, scope: ScopeFlow) -> None:
         reported: set[ast.AST] = set()

@@ -68,7 +68,7 @@ class UnregisteredTensor(Rule):
             cls = ff.class_of(func)
             if cls is None or not ff.is_module_class(cls):
                 continue
-            self._check(ff, cls, func, ff.scope(func))
+            self._check(ff, cls, func, ff.scope(func, callers=False))
 
     def _check(self, ff: FileFlow, cls: ast.ClassDef, init: AnyFunction, scope: ScopeFlow) -> None:
         me = scope.self_name
@@ -152,7 +152,7 @@ def _first_use(
     for method in ordered:
         if not ff.mentions(method, f".{attr}"):
             continue
-        scope = ff.scope(method)
+        scope = ff.scope(method, callers=False)
         me = scope.self_name
         for m in sorted(scope.mismatches, key=lambda m: m.site.lineno):  # type: ignore[attr-defined]
             held = flow.dotted(_root(m.cpu_node)) or ""

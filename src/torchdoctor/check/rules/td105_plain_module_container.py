@@ -67,7 +67,7 @@ class PlainModuleContainer(Rule):
             init_text = ff.text(func)
             if any(w in init_text for w in ("add_module(", "register_module(", "setattr(")):
                 continue  # the modules are registered by hand
-            self._check(ff, cls, func, ff.scope(func))
+            self._check(ff, cls, func, ff.scope(func, callers=False))
 
     def _check(self, ff: FileFlow, cls: ast.ClassDef, init: AnyFunction, scope: ScopeFlow) -> None:
         me = scope.self_name

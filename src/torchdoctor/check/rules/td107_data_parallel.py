@@ -61,7 +61,7 @@ class DataParallelUsed(Rule):
     def finish(self) -> None:
         ff = flow.file_flow(self.ctx)
         for node in flow.scopes_with(ff, "DataParallel"):
-            scope = ff.scope(node)
+            scope = ff.scope(node, callers=False)
             for call in scope.calls_named("DataParallel"):
                 if (self.ctx.call_name(call) or "") in _DATA_PARALLEL:
                     self._check(scope, call)

@@ -56,7 +56,7 @@ class OptimizerBeforeTo(Rule):
         for node in flow.scopes_with(ff, "optim"):
             if not ff.mentions(node, ".to(", ".cuda("):
                 continue
-            scope = ff.scope(node)
+            scope = ff.scope(node, callers=False)
             for move in scope.moves:
                 before, after = move.before, move.after
                 optimizer = before.optimizer

@@ -15,8 +15,15 @@ _STAYS_ON_CPU = re.compile(
     r"files?|filenames?|names?|meta|metadata|infos?|texts?|captions?|strings?|prompts?)(?:$|_)",
     re.IGNORECASE,
 )
-# Where batches come from: the scopes worth analysing mention one of these.
-_BATCH_WORDS = ("loader", "Loader", "batch", "_dl", "next(", "dl:")
+# Where batches come from: the scopes worth analysing iterate a loader (strong), or
+# iterate batches and move something (weak).
+_ITERATES_LOADER = re.compile(
+    r"^[ \t]*(?:async[ \t]+)?for[ \t][^\n]*\bin\b[^\n]*(?:loader|Loader|_dl\b|batches)"
+    r"|next\(\s*iter\(|DataLoader\(",
+    re.MULTILINE,
+)
+_ITERATES_BATCHES = re.compile(r"^[ \t]*(?:async[ \t]+)?for[ \t][^\n]*batch", re.MULTILINE)
+_MOVES = (".to(", ".cuda(")
 
 
 class BatchNotMoved(Rule):
@@ -76,14 +83,20 @@ class BatchNotMoved(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
+        source = self.ctx.source
+        line_of = self.ctx.line_of_offset
+        strong = [line_of(m.start()) for m in _ITERATES_LOADER.finditer(source)]
+        weak = [line_of(m.start()) for m in _ITERATES_BATCHES.finditer(source)]
+        if not strong and not weak:
+            return
         ff = flow.file_flow(self.ctx)
-        for node in flow.scopes_with(ff, *_BATCH_WORDS):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        scopes = ff.scopes_at(strong)
+        scopes += [s for s in ff.scopes_at(weak) if s not in scopes and ff.mentions(s, *_MOVES)]
+        for node in scopes:
+            if not isinstance(node, ast.Module):
                 cls = ff.class_of(node)
                 if cls is not None and ff.is_module_class(cls):
                     continue  # inside a module: TD103/TD104 speak about its tensors
-                if not ff.mentions(node, "(") or not ff.mentions(node, "for ", "next("):
-                    continue
             self._check_scope(ff.scope(node))
 
     def _check_scope(self, scope: ScopeFlow) -> None:
