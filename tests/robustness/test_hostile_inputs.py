@@ -65,9 +65,10 @@ BROKEN: dict[str, tuple[bytes, str]] = {
     "mixed_tabs.py": (b"if True:\n\tx = 1\n        y = 2\n", "tabs and spaces"),
     "syntax_error.py": (b"import torch\ndef (:\n", "SyntaxError"),
     "deep_parens.py": (b"x = " + b"(" * 1000 + b"1" + b")" * 1000 + b"\n", "nested"),
-    "deep_attribute.py": (b"import torch\nx = torch" + b".a" * 100_000 + b"\n", "recursion"),
-    "deep_not.py": (b"x = " + b"not " * 100_000 + b"y\n", "cannot parse"),
-    "deep_lambda.py": (b"x = " + b"lambda: " * 50_000 + b"y\n", "cannot parse"),
+    # the parser's own limits: the wording differs between Python versions
+    "deep_attribute.py": (b"import torch\nx = torch" + b".a" * 100_000 + b"\n", "not checked"),
+    "deep_not.py": (b"x = " + b"not " * 100_000 + b"y\n", "not checked"),
+    "deep_lambda.py": (b"x = " + b"lambda: " * 50_000 + b"y\n", "not checked"),
 }
 
 
