@@ -140,3 +140,29 @@ def test_targets_torch_at_least() -> None:
     assert not ctx.targets_torch_at_least(2, 5)
     assert not FileContext("a.py", "", tree, ProjectIndex()).targets_torch_at_least(1, 0)
     assert check_source("x = 1", "a.py", [], target_version=(2, 0)) == []
+
+
+def test_shared_analysis_is_built_once_per_file_and_freed_with_it() -> None:
+    import gc
+    import weakref
+
+    from torchdoctor.check.project import ProjectIndex
+
+    class Analysis:
+        def __init__(self, ctx: FileContext) -> None:
+            self.ctx = ctx  # refers back to the context, as real analyses do
+
+    built: list[FileContext] = []
+
+    def build(ctx: FileContext) -> Analysis:
+        built.append(ctx)
+        return Analysis(ctx)
+
+    ctx = FileContext("a.py", "x = 1", ast.parse("x = 1"), ProjectIndex())
+    first = ctx.shared("loops", build)
+    assert ctx.shared("loops", build) is first and len(built) == 1
+    assert ctx.shared("other", build) is not first and len(built) == 2
+    gone = weakref.ref(first)
+    del ctx, first, built
+    gc.collect()
+    assert gone() is None

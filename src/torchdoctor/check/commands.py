@@ -24,6 +24,7 @@ from torchdoctor.check.config import (
 )
 from torchdoctor.check.engine import FileResult, RunOptions
 from torchdoctor.check.notebook import cell_diffs, write_notebook
+from torchdoctor.check.parallel import tune_gc
 from torchdoctor.check.runner import run_check
 from torchdoctor.errors import UsageError
 
@@ -191,6 +192,7 @@ def run_check_command(args: argparse.Namespace) -> int:
         target_version=settings.target_version,
     )
     stdin_data = sys.stdin.buffer.read() if use_stdin else None
+    tune_gc()
     results = run_check(
         paths,
         settings,

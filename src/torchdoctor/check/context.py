@@ -5,12 +5,15 @@ from __future__ import annotations
 import ast
 import bisect
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from torchdoctor.check.rule import Edit, Finding, Fix, FixAvailability
 
 if TYPE_CHECKING:
     from torchdoctor.check.project import ProjectIndex
+
+_T = TypeVar("_T")
 
 # ast counts lines at \n, \r\n and \r only (str.splitlines also splits at \f, \x1c, ...).
 _NEWLINE = re.compile(r"\r\n|\r|\n")
@@ -82,6 +85,7 @@ class FileContext:
         self.findings: list[Finding] = []
         self._line_starts: list[int] | None = None
         self._lines: list[str] | None = None
+        self._shared: dict[str, object] = {}
 
     # -- names ------------------------------------------------------------
     @property
@@ -129,6 +133,19 @@ class FileContext:
         node = self.enclosing(ast.ClassDef)
         assert node is None or isinstance(node, ast.ClassDef)
         return node
+
+    def shared(self, key: str, build: Callable[[FileContext], _T]) -> _T:
+        """A per-file analysis that several rules use: built once, on first request.
+
+        It lives on this context and goes with it, so nothing outlives the file (a
+        module-level `WeakKeyDictionary[FileContext, X]` whose X refers back to the
+        context never frees either). `key` names the analysis, e.g. "loops".
+        """
+        try:
+            return self._shared[key]  # type: ignore[return-value]
+        except KeyError:
+            value = self._shared[key] = build(self)
+            return value
 
     def targets_torch_at_least(self, major: int, minor: int) -> bool:
         """Whether the configured target torch version is known to be >= major.minor.

@@ -175,28 +175,44 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
     # Nodes with no children and no visitor (names, constants, contexts) are not entered.
     skip = {cls for cls, fields in fields_of.items() if not fields} - dispatch.keys()
 
-    def walk(node: ast.AST) -> None:
-        cls = node.__class__
-        handlers = dispatch.get(cls)
-        if handlers:
-            for rule, visit in tuple(handlers):
-                try:
-                    visit(node)
-                except Exception as exc:  # reported as TD900, the run goes on
-                    fail(rule, exc, node)
-        fields = fields_of.get(cls)
-        if fields is None:  # a node class this Python's ast module does not list
-            fields = node._fields
-        stack.append(node)
-        for name in fields:
-            value = getattr(node, name, None)
-            if value.__class__ is list:
-                for item in value:
-                    if item.__class__ not in skip and isinstance(item, ast.AST):
-                        walk(item)
-            elif value.__class__ not in skip and isinstance(value, ast.AST):
-                walk(value)
-        stack.pop()
+    def walk(tree: ast.AST) -> None:
+        """Visit every node once, depth first, keeping `stack` = the node's ancestors.
+
+        Iterative (no recursion limit, and no self-referencing closure to leave a
+        reference cycle holding the tree); `None` in `todo` marks leaving a node.
+        """
+        todo: list[ast.AST | None] = [tree]
+        pop, push = todo.pop, todo.append
+        while todo:
+            node = pop()
+            if node is None:
+                stack.pop()
+                continue
+            cls = node.__class__
+            handlers = dispatch.get(cls)
+            if handlers:
+                for rule, visit in tuple(handlers):
+                    try:
+                        visit(node)
+                    except Exception as exc:  # reported as TD900, the run goes on
+                        fail(rule, exc, node)
+            fields = fields_of.get(cls)
+            if fields is None:  # a node class this Python's ast module does not list
+                fields = node._fields
+            children: list[ast.AST] = []
+            for name in fields:
+                value = getattr(node, name, None)
+                if value.__class__ is list:
+                    for item in value:
+                        if item.__class__ not in skip and isinstance(item, ast.AST):
+                            children.append(item)
+                elif value.__class__ not in skip and isinstance(value, ast.AST):
+                    children.append(value)
+            if children:
+                stack.append(node)
+                push(None)
+                children.reverse()
+                todo.extend(children)
 
     # The walk and the rules' own analyses in finish() recurse over the tree: any tree
     # the parser accepts (at the default limit) fits in this one.

@@ -8,6 +8,7 @@ fixed text. Files are written by the parent only.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
@@ -49,9 +50,21 @@ _project: ProjectIndex | None = None
 _options: RunOptions | None = None
 
 
+def tune_gc() -> None:
+    """Collect garbage less often while checking.
+
+    Parsing allocates millions of small objects (AST nodes, which form no cycles), and
+    with the default thresholds the cyclic GC spends about a quarter of a run scanning
+    them. Collecting the youngest generation every 100,000 allocations instead of 700
+    costs no memory that matters (measured: the same peak RSS on torch/_dynamo).
+    """
+    gc.set_threshold(100_000, 20, 100)
+
+
 def _init_worker(project: ProjectIndex, options: RunOptions) -> None:
     global _project, _options
     _project, _options = project, options
+    tune_gc()
 
 
 def check_task(task: Task, project: ProjectIndex, options: RunOptions) -> Outcome:
