@@ -163,6 +163,7 @@ def test_shared_analysis_is_built_once_per_file_and_freed_with_it() -> None:
     assert ctx.shared("loops", build) is first and len(built) == 1
     assert ctx.shared("other", build) is not first and len(built) == 2
     gone = weakref.ref(first)
-    del ctx, first, built
+    built.clear()
+    del ctx, first
     gc.collect()
     assert gone() is None
