@@ -14,9 +14,23 @@ from torchdoctor.check.engine import check_source
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rules_by_code
 
-MY_RULES = (
-    "TD201 TD202 TD203 TD204 TD205 TD206 TD213 TD214 TD301 TD302 TD404 TD501 TD502 TD605 TD606"
-).split()
+MY_RULES = [
+    "TD201",
+    "TD202",
+    "TD203",
+    "TD204",
+    "TD205",
+    "TD206",
+    "TD213",
+    "TD214",
+    "TD301",
+    "TD302",
+    "TD404",
+    "TD501",
+    "TD502",
+    "TD605",
+    "TD606",
+]
 
 
 def file_loops(source: str, path: str = "train.py") -> loops.FileLoops:

@@ -27,7 +27,7 @@ import os
 import re
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torchdoctor.check.context import FileContext
@@ -155,6 +155,37 @@ def is_eval_name(name: str) -> bool:
     if "generate" in ws and not set(ws) <= _GENERATION_WORDS:
         return False  # generate_inputs, generate_config: not model inference
     return any(w in EVAL_WORDS for w in ws)
+
+
+_TORCH_HINTS = ("torch", "lightning", "accelerate", ".backward(", ".eval()", "no_grad")
+
+
+def is_torch_file(source: str) -> bool:
+    """Code that may train or evaluate a PyTorch model (not the stdlib, not NumPy code)."""
+    return any(hint in source for hint in _TORCH_HINTS)
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+def mentions_evaluation(text: str) -> bool:
+    """Whether code may hold or call evaluation code: no_grad/inference_mode blocks,
+    eval-named calls (`validate(...)`), loops over validation/test loaders."""
+    if "no_grad" in text or "inference_mode" in text:
+        return True
+    return any(_evalish_identifier(name) for name in set(_IDENTIFIER.findall(text)))
+
+
+_EVALISH: dict[str, bool] = {}
+
+
+def _evalish_identifier(name: str) -> bool:
+    found = _EVALISH.get(name)
+    if found is None:
+        found = is_eval_name(name) or is_eval_iterable(name)
+        if len(_EVALISH) < 100_000:
+            _EVALISH[name] = found
+    return found
 
 
 def is_test_file(path: str) -> bool:
@@ -603,6 +634,16 @@ class FunctionInfo:
     parent: FunctionInfo | None
     nested: dict[str, FunctionInfo] = field(default_factory=dict)
     _text: str | None = None
+    _statements: list[ast.stmt] | None = None
+    _locals: set[str] | None = None
+    _evaluation: bool | None = None
+
+    @property
+    def mentions_evaluation(self) -> bool:
+        """See `mentions_evaluation()`; cached."""
+        if self._evaluation is None:
+            self._evaluation = mentions_evaluation(self.text)
+        return self._evaluation
 
     @property
     def is_module(self) -> bool:
@@ -649,25 +690,32 @@ class FunctionInfo:
             return []
         return [p.arg for p in self.node.args.kwonlyargs]
 
-    def own_statements(self) -> Iterator[ast.stmt]:
-        """Every statement of this function, not descending into nested defs/classes."""
-        todo = list(reversed(self.body))
-        while todo:
-            stmt = todo.pop()
-            yield stmt
-            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                continue
-            todo.extend(reversed(_children(stmt)))
+    def own_statements(self) -> list[ast.stmt]:
+        """Every statement of this function in source order, not descending into nested
+        defs/classes (which are listed themselves)."""
+        if self._statements is None:
+            found: list[ast.stmt] = []
+            todo = list(reversed(self.body))
+            while todo:
+                stmt = todo.pop()
+                found.append(stmt)
+                if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    continue
+                todo.extend(reversed(_children(stmt)))
+            self._statements = found
+        return self._statements
 
     def local_names(self) -> set[str]:
         """Names bound in this function (parameters, assignments, loop targets)."""
-        found = set(self.params()) | set(self.keyword_params())
-        for stmt in self.own_statements():
-            for target in _bound_targets(stmt):
-                for n in ast.walk(target):
-                    if isinstance(n, ast.Name):
-                        found.add(n.id)
-        return found
+        if self._locals is None:
+            found = set(self.params()) | set(self.keyword_params())
+            for stmt in self.own_statements():
+                for target in _bound_targets(stmt):
+                    for n in ast.walk(target):
+                        if isinstance(n, ast.Name):
+                            found.add(n.id)
+            self._locals = found
+        return self._locals
 
 
 def _children(stmt: ast.stmt) -> list[ast.stmt]:
@@ -711,6 +759,7 @@ class FileLoops:
         self._mode_keys: frozenset[str] | None = None
         self._eval_keys: frozenset[str] = frozenset()
         self._model_keys: dict[str, bool] = {}
+        self._module_models: frozenset[str] | None = None
         self._sensitive: dict[str, bool | None] = {}
 
     def _index(
@@ -749,10 +798,16 @@ class FileLoops:
             if needle not in other.text:
                 continue
             for event in self.events(other):
-                if event.kind == CALL and isinstance(event.node, ast.Call):
-                    resolved = self.resolve(other, event.node)
-                    if resolved is not None and resolved[0] is fi:
-                        found.append((other, event))
+                call = event.node
+                if event.kind != CALL or not isinstance(call, ast.Call):
+                    continue
+                func = call.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                if name != fi.name:
+                    continue
+                resolved = self.resolve(other, call, other_files=False)
+                if resolved is not None and resolved[0] is fi:
+                    found.append((other, event))
         return found
 
     def function_of(self, node: ast.AST) -> FunctionInfo | None:
@@ -762,6 +817,18 @@ class FileLoops:
         return None
 
     # -- file-wide name facts ------------------------------------------------------
+    def module_models(self) -> frozenset[str]:
+        """Module-level names bound to a model (`model = Net()` at the top of a script)."""
+        if self._module_models is None:
+            found = set()
+            for stmt in self.module.body:
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                    key = dotted(stmt.targets[0])
+                    if key and "." not in key and self.is_model_key(key):
+                        found.add(key)
+            self._module_models = frozenset(found)
+        return self._module_models
+
     def mode_keys(self) -> frozenset[str]:
         """Keys on which `.eval()` or `.train(...)` is called anywhere in the file."""
         if self._mode_keys is None:
@@ -841,7 +908,7 @@ class FileLoops:
         if name in ("torch.nn.Sequential", "torch.nn.ModuleList", "torch.nn.ModuleDict"):
             return True
         last = last_part(name)
-        if last.endswith("Loss") or name.startswith("torch."):
+        if last.endswith("Loss") or name.startswith("torch.") or not last[:1].isupper():
             return False
         return last in self.ctx.project.module_classes
 
@@ -940,8 +1007,14 @@ class FileLoops:
         return None if None in verdicts else False
 
     # -- resolution ----------------------------------------------------------------
-    def resolve(self, fi: FunctionInfo, call: ast.Call) -> tuple[FunctionInfo, bool] | None:
-        """The function `call` runs, and whether it is called as a method on `self`."""
+    def resolve(
+        self, fi: FunctionInfo, call: ast.Call, *, other_files: bool = True
+    ) -> tuple[FunctionInfo, bool] | None:
+        """The function `call` runs, and whether it is called as a method on `self`.
+
+        With `other_files`, names imported from a sibling module are looked up there
+        (which parses that file once); otherwise only this file is searched.
+        """
         func = call.func
         if isinstance(func, ast.Name):
             scope: FunctionInfo | None = fi
@@ -952,7 +1025,7 @@ class FileLoops:
             if func.id in self.top:
                 return self.top[func.id], False
             target = self.ctx.imports.get(func.id)
-            if target and "." in target.lstrip("."):
+            if other_files and target and "." in target.lstrip("."):
                 module, _, name = target.rpartition(".")
                 other = sibling_file(self.ctx, module)
                 if other is not None and name in other.top:
@@ -970,7 +1043,7 @@ class FileLoops:
                         return method, True
                 return None
             target = self.ctx.imports.get(owner)
-            if target is not None:
+            if other_files and target is not None:
                 other = sibling_file(self.ctx, target)
                 if other is not None and func.attr in other.top:
                     return other.top[func.attr], False
@@ -1432,11 +1505,16 @@ class ModeInterpreter:
         self.loop_stack: list[tuple[list[State], list[State]]] = []  # (breaks, continues)
         self.budget = _BUDGET
         self.exceeded = False
-        self.locals = fi.local_names() if not fi.is_module else set()
+        self._locals: set[str] | None = None
         self.autocast_names = fl.autocast_names()
         self._calls: dict[int, list[ast.Call]] = {}
         self.is_module_class = fi.cls is not None and self.ctx.is_module_class(fi.cls)
         self.mode_set: set[str] = set()  # keys whose mode this function sets itself
+
+    def locals(self) -> set[str]:
+        if self._locals is None:
+            self._locals = self.fi.local_names() if not self.fi.is_module else set()
+        return self._locals
 
     # -- driver ----------------------------------------------------------------
     def run(self) -> ModeResult:
@@ -1745,14 +1823,32 @@ class ModeInterpreter:
         ):
             self._forward(call, key, state, frame)
             return
-        resolved = self.fl.resolve(self.fi, call)
+        passes_model = any(
+            (k := dotted(a.value if isinstance(a, ast.Starred) else a)) is not None
+            and self._is_model(k, state)
+            for a in (*call.args, *(kw.value for kw in call.keywords))
+        )
+        resolved = self.fl.resolve(self.fi, call, other_files=passes_model)
         if resolved is not None:
             callee, as_method = resolved
-            summary = callee.file.summary(callee) if callee is not self.fi else None
+            # a callee can only matter to modes here through a model it is given, `self`,
+            # or a module-level model it uses by name
+            relevant = (
+                passes_model
+                or as_method
+                or (callee.file is self.fl and self._mentions_global_model(callee))
+            )
+            summary = callee.file.summary(callee) if relevant and callee is not self.fi else None
             if summary is not None:
                 self._apply_summary(call, callee, as_method, summary, state, frame)
                 return
         self._unknown_call(call, state)
+
+    def _mentions_global_model(self, callee: FunctionInfo) -> bool:
+        text = callee.text
+        return any(k in text for k in self.fl.mode_keys() if "." not in k) or any(
+            k in text for k in self.fl.module_models()
+        )
 
     def _is_model(self, key: str, state: State) -> bool:
         if key == "self":
@@ -1937,7 +2033,7 @@ class ModeInterpreter:
                 head not in callee_locals
                 and head not in params
                 and callee.file is self.fl
-                and (self.fi.is_module or head not in self.locals)
+                and (self.fi.is_module or head not in self.locals())
             ):
                 # a global of the callee's module: the same name here if it is global here
                 mapping[ckey] = ckey

@@ -56,16 +56,31 @@ _LOSS_MODULES = {
 def loss_calls(ctx: FileContext, kinds: frozenset[str]) -> list[tuple[FunctionInfo, ast.Call, str]]:
     """Every call of a loss of one of `kinds` in the file: (function, call, kind)."""
     fl = analysis(ctx)
+    # names assigned a loss module somewhere (`criterion = nn.CrossEntropyLoss()`)
+    instances = {m.group(1) for m in _LOSS_INSTANCE.finditer(ctx.source)}
     found = []
     for fi in fl.all_functions():
+        if not any(w in fi.text for w in _LOSS_WORDS) and not any(i in fi.text for i in instances):
+            continue
         for stmt in fi.own_statements():
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 continue
             for node in _shallow_calls(stmt):
+                key = dotted(node.func)
+                if key is not None and key.rsplit(".", 1)[-1] not in instances:
+                    name = ctx.qualname(node.func) or ""
+                    if name not in _LOSS_FUNCTIONS:
+                        continue
                 kind = loss_kind(fl, fi, node)
                 if kind in kinds:
                     found.append((fi, node, kind))
     return found
+
+
+_LOSS_WORDS = ("cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss", "BCE")
+_LOSS_INSTANCE = re.compile(
+    r"(\w+)\s*=\s*(?:[\w.]+\.)?(?:CrossEntropyLoss|NLLLoss|BCELoss|BCEWithLogitsLoss)\("
+)
 
 
 def _shallow_calls(stmt: ast.stmt) -> list[ast.Call]:

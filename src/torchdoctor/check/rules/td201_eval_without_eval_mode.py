@@ -15,6 +15,7 @@ from torchdoctor.check.loops import (
     describe_origins,
     is_lightning_eval_hook,
     is_test_file,
+    is_torch_file,
 )
 from torchdoctor.check.rule import Rule, Severity
 
@@ -41,14 +42,14 @@ class EvalWithoutEvalMode(Rule):
 
     ## Why is this bad?
     Nothing crashes; the numbers are just wrong. In training mode `nn.Dropout`
-    zeroes a random p of the activations (typically 10-50%) and scales the rest by
-    1/(1-p), so every evaluation pass sees a different, noisier network, and the
-    reported accuracy is typically a few points lower and changes between runs.
+    zeroes a random fraction p of the activations (p = 0.1-0.5 in most models) and
+    scales the rest by 1/(1-p), so each evaluation pass scores a different random
+    sub-network: the same weights give different accuracies run after run.
     `nn.BatchNorm` normalises each batch with that batch's own mean and variance
-    instead of the running statistics -- with small or unshuffled evaluation
-    batches the outputs are badly off -- and it also *updates* the running
-    statistics (momentum 0.1) with validation data, so evaluating changes the
-    model you later save.
+    instead of the running statistics -- with small or single-class evaluation
+    batches the outputs are far off -- and it also *updates* the running
+    statistics with validation data (each batch moves them 10% of the way, the
+    default momentum 0.1), so evaluating changes the model you later save.
 
     ## Example
     ```python
@@ -85,11 +86,11 @@ class EvalWithoutEvalMode(Rule):
     triggers: ClassVar[tuple[str, ...]] = _WORDS
 
     def finish(self) -> None:
-        if is_test_file(self.ctx.path):
+        if is_test_file(self.ctx.path) or not is_torch_file(self.ctx.source):
             return
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
-            if not any(w in fi.text for w in _WORDS) or is_lightning_eval_hook(fi.name):
+            if is_lightning_eval_hook(fi.name) or not fi.mentions_evaluation:
                 continue
             if fi.cls is not None and fi.name in ("training_step", "forward"):
                 continue

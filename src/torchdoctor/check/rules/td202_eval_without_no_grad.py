@@ -11,6 +11,7 @@ from torchdoctor.check.loops import (
     analysis,
     is_lightning_eval_hook,
     is_test_file,
+    is_torch_file,
 )
 from torchdoctor.check.rule import Rule, Severity
 
@@ -38,12 +39,12 @@ class EvalWithoutNoGrad(Rule):
     ## Why is this bad?
     `model.eval()` switches Dropout and BatchNorm to inference behaviour; it does
     not turn autograd off. Every forward pass still records the graph and keeps
-    each layer's activations for a backward pass that never comes: for a ResNet-50
-    at batch 64 that is roughly 5 GB of activations per batch instead of a few
-    hundred MB, and it is held for as long as any output (or a list of outputs,
-    `preds.append(out)`) is alive -- the usual cause of "CUDA out of memory" during
-    validation, or of `RuntimeError: Can't call numpy() on Tensor that requires
-    grad`. Evaluation is also about 1.5-2x slower than it needs to be.
+    each layer's activations for a backward pass that never comes. Measured for a
+    VGG-11-BN at batch 16 (224x224): 1.25 GB of activations kept per forward with
+    gradients on, none under `no_grad`. It is held for as long as any output -- or
+    a list of outputs, `preds.append(out)` -- is alive: the usual cause of "CUDA
+    out of memory" during validation, and of `RuntimeError: Can't call numpy() on
+    Tensor that requires grad`. Evaluation also runs slower than it needs to.
 
     ## Example
     ```python
@@ -75,14 +76,14 @@ class EvalWithoutNoGrad(Rule):
     triggers: ClassVar[tuple[str, ...]] = _WORDS
 
     def finish(self) -> None:
-        if is_test_file(self.ctx.path):
+        if is_test_file(self.ctx.path) or not is_torch_file(self.ctx.source):
             return
         # evaluation of a model being trained or served: not library helpers that run
         # a model they were handed (calibration, tracing, export)
         script = any(w in self.ctx.source for w in _SCRIPT_WORDS)
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
-            if not any(w in fi.text for w in _WORDS) or is_lightning_eval_hook(fi.name):
+            if is_lightning_eval_hook(fi.name) or not fi.mentions_evaluation:
                 continue
             if fi.cls is not None and fi.name in ("training_step", "forward"):
                 continue

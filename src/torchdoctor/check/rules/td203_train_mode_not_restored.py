@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from torchdoctor.check.loops import EVAL, analysis
+from torchdoctor.check.loops import EVAL, analysis, is_torch_file
 from torchdoctor.check.rule import Rule, Severity
 
 
@@ -55,13 +55,15 @@ class TrainModeNotRestored(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("eval", "train(False")
 
     def finish(self) -> None:
+        if not is_torch_file(self.ctx.source):
+            return
         fl = analysis(self.ctx)
         reported: set[int] = set()
         for fi in fl.all_functions():
             text = fi.text
             if not ("for " in text or "while " in text):
                 continue
-            if not any(w in text for w in ("eval", "val", "test", "train(")):
+            if not (".eval(" in text or "train(" in text or fi.mentions_evaluation):
                 continue
             for step in fl.modes(fi).steps:
                 step_line = getattr(step.node, "lineno", 0)

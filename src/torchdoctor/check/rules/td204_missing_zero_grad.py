@@ -15,6 +15,7 @@ from torchdoctor.check.loops import (
     FunctionInfo,
     analysis,
     dotted,
+    is_torch_file,
     mentions_zeroing,
 )
 from torchdoctor.check.rule import Rule, Severity
@@ -76,6 +77,8 @@ class MissingZeroGrad(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("backward",)
 
     def finish(self) -> None:
+        if not is_torch_file(self.ctx.source):
+            return
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
             if "backward" not in fi.text or ".step(" not in fi.text:

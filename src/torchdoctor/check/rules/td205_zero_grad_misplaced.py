@@ -15,6 +15,7 @@ from torchdoctor.check.loops import (
     can_follow,
     counter_condition,
     is_accumulation,
+    is_torch_file,
     unconditional_in,
 )
 from torchdoctor.check.rule import Rule, Severity
@@ -72,6 +73,8 @@ class ZeroGradMisplaced(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("zero_grad",)
 
     def finish(self) -> None:
+        if not is_torch_file(self.ctx.source):
+            return
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
             text = fi.text

@@ -9,6 +9,7 @@ from torchdoctor.check.loops import (
     analysis,
     dotted,
     is_no_grad_decorated,
+    is_torch_file,
     with_item_context,
 )
 from torchdoctor.check.rule import Rule, Severity
@@ -120,6 +121,8 @@ class InplaceOnLeaf(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("requires_grad", "Parameter", "parameters()")
 
     def finish(self) -> None:
+        if not is_torch_file(self.ctx.source):
+            return
         fl = analysis(self.ctx)
         class_params = self._class_parameters()
         for fi in fl.all_functions():
@@ -128,10 +131,8 @@ class InplaceOnLeaf(Rule):
                 continue
             if not fi.is_module and is_no_grad_decorated(self.ctx, fi.node):  # type: ignore[arg-type]
                 continue
-            if any(event.no_grad for _, event in fl.callers(fi)):
-                continue
             leaves = self._leaves(fi, class_params)
-            if leaves:
+            if leaves and not any(event.no_grad for _, event in fl.callers(fi)):
                 _Walker(self, fi, leaves).run()
 
     def _class_parameters(self) -> dict[str, dict[str, int]]:

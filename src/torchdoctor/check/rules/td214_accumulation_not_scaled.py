@@ -14,6 +14,7 @@ from torchdoctor.check.loops import (
     counter_condition,
     dotted,
     is_accumulation,
+    is_torch_file,
     unconditional_in,
 )
 from torchdoctor.check.rule import Rule, Severity
@@ -73,6 +74,8 @@ class AccumulationNotScaled(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("backward",)
 
     def finish(self) -> None:
+        if not is_torch_file(self.ctx.source):
+            return
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
             text = fi.text

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from torchdoctor.check.loops import BACKWARD, analysis
+from torchdoctor.check.loops import BACKWARD, analysis, is_torch_file
 from torchdoctor.check.rule import Rule, Severity
 
 
@@ -53,6 +53,8 @@ class BackwardInsideAutocast(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("autocast",)
 
     def finish(self) -> None:
+        if not is_torch_file(self.ctx.source):
+            return
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
             if "backward" not in fi.text:

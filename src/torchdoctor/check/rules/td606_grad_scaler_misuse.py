@@ -10,6 +10,7 @@ from torchdoctor.check.loops import (
     UNSCALE,
     Event,
     analysis,
+    is_torch_file,
     same_path,
 )
 from torchdoctor.check.rule import Rule, Severity
@@ -68,6 +69,8 @@ class GradScalerMisuse(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("scale",)
 
     def finish(self) -> None:
+        if not is_torch_file(self.ctx.source):
+            return
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
             text = fi.text
