@@ -236,8 +236,11 @@ class HardcodedCuda(Rule):
             return None, ""  # fake tensors only record the device; they need no GPU
         if name == "functools.partial" and call.args:
             name = self.ctx.qualname(call.args[0])
-        if _PREDICATE.match((name or "").rsplit(".", 1)[-1]):
+        last = (name or "").rsplit(".", 1)[-1]
+        if _PREDICATE.match(last):
             return None, ""  # `check_device(x, device="cuda")` asks; it does not move
+        if last in ("GradScaler", "autocast"):
+            return None, ""  # without a GPU these warn and disable themselves
         for kw in call.keywords:
             if kw.arg in ("device", "map_location") and _is_cuda_literal(kw.value):
                 return kw.value, (
