@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -177,6 +176,16 @@ def mentions_evaluation(text: str) -> bool:
 
 
 _EVALISH: dict[str, bool] = {}
+_MODELISH_WORDS: dict[str, bool] = {}
+
+
+def _modelish_word(word: str) -> bool:
+    found = _MODELISH_WORDS.get(word)
+    if found is None:
+        found = is_modelish_name(word)
+        if len(_MODELISH_WORDS) < 100_000:
+            _MODELISH_WORDS[word] = found
+    return found
 
 
 def _evalish_identifier(name: str) -> bool:
@@ -207,6 +216,7 @@ _MODELISH = re.compile(
     r"|generator|discriminator|critic|actor|backbone|teacher|student)$",
     re.I,
 )
+_NOT_A_MODEL_PREFIX = re.compile(r"^(?:d|n|num|dim|size|len|is|has|use|max|min)_", re.I)
 _NOT_MODEL = re.compile(r"loss|criterion|metric|optim|sched|scaler|accelerator|fabric", re.I)
 
 
@@ -216,6 +226,8 @@ def is_modelish_name(key: str) -> bool:
     if len(parts) > 1 and parts[0] != "self" and not _MODELISH.match(parts[0]):
         return False
     last = parts[-1]
+    if _NOT_A_MODEL_PREFIX.match(last):
+        return False  # d_model, num_models, use_model: sizes and flags
     return bool(_MODELISH.match(last)) and not _NOT_MODEL.search(last)
 
 
@@ -637,13 +649,25 @@ class FunctionInfo:
     _statements: list[ast.stmt] | None = None
     _locals: set[str] | None = None
     _evaluation: bool | None = None
+    _model: bool | None = None
 
     @property
     def mentions_evaluation(self) -> bool:
-        """See `mentions_evaluation()`; cached."""
+        """Whether an eval-ish name (`validate`, `val_loader`), `no_grad` or
+        `inference_mode` occurs in this function (see `mentions_evaluation()`)."""
         if self._evaluation is None:
-            self._evaluation = mentions_evaluation(self.text)
+            text = self.text
+            self._evaluation = any(w in text for w in self.file.evaluation_words())
         return self._evaluation
+
+    @property
+    def mentions_model(self) -> bool:
+        """Whether the code names something that may be a model (`model`, `self(...)`,
+        a name set to eval/train mode or built from a module class in this file)."""
+        if self._model is None:
+            text = self.text
+            self._model = "self(" in text or any(w in text for w in self.file.model_words())
+        return self._model
 
     @property
     def is_module(self) -> bool:
@@ -760,6 +784,10 @@ class FileLoops:
         self._eval_keys: frozenset[str] = frozenset()
         self._model_keys: dict[str, bool] = {}
         self._module_models: frozenset[str] | None = None
+        self._model_roots: frozenset[str] | None = None
+        self._words: frozenset[str] | None = None
+        self._evaluation_words: list[str] | None = None
+        self._model_words: list[str] | None = None
         self._sensitive: dict[str, bool | None] = {}
 
     def _index(
@@ -817,6 +845,41 @@ class FileLoops:
         return None
 
     # -- file-wide name facts ------------------------------------------------------
+    # -- where words occur (one scan of the source per kind of word) -----------------
+    def words(self) -> frozenset[str]:
+        """Every identifier of the file (one scan, shared by the word questions below)."""
+        if self._words is None:
+            self._words = frozenset(_IDENTIFIER.findall(self.ctx.source))
+        return self._words
+
+    def evaluation_words(self) -> list[str]:
+        """The eval-ish identifiers of the file, with `no_grad` / `inference_mode`."""
+        if self._evaluation_words is None:
+            found: list[str] = []
+            if is_torch_file(self.ctx.source):
+                found = [
+                    w
+                    for w in self.words()
+                    if w in ("no_grad", "inference_mode") or _evalish_identifier(w)
+                ]
+            self._evaluation_words = found
+        return self._evaluation_words
+
+    def model_words(self) -> list[str]:
+        """The identifiers of the file that may name a model."""
+        if self._model_words is None:
+            roots = self.model_roots()
+            self._model_words = [w for w in self.words() if w in roots or _modelish_word(w)]
+        return self._model_words
+
+    def model_roots(self) -> frozenset[str]:
+        """First names of every key set to eval/train mode, and module-level models."""
+        if self._model_roots is None:
+            roots = {k.split(".", 1)[0] for k in self.mode_keys()}
+            roots |= {k.rsplit(".", 1)[-1] for k in self.mode_keys()}
+            self._model_roots = frozenset(roots | self.module_models())
+        return self._model_roots
+
     def module_models(self) -> frozenset[str]:
         """Module-level names bound to a model (`model = Net()` at the top of a script)."""
         if self._module_models is None:
@@ -1025,7 +1088,8 @@ class FileLoops:
             if func.id in self.top:
                 return self.top[func.id], False
             target = self.ctx.imports.get(func.id)
-            if other_files and target and "." in target.lstrip("."):
+            # CapWords names are classes: constructing one runs no code we summarise
+            if other_files and target and "." in target.lstrip(".") and func.id[:1].islower():
                 module, _, name = target.rpartition(".")
                 other = sibling_file(self.ctx, module)
                 if other is not None and name in other.top:
@@ -1043,7 +1107,7 @@ class FileLoops:
                         return method, True
                 return None
             target = self.ctx.imports.get(owner)
-            if other_files and target is not None:
+            if other_files and target is not None and func.attr[:1].islower():
                 other = sibling_file(self.ctx, target)
                 if other is not None and func.attr in other.top:
                     return other.top[func.attr], False
@@ -1135,16 +1199,10 @@ def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:
     return result
 
 
-_ANALYSES: weakref.WeakKeyDictionary[FileContext, FileLoops] = weakref.WeakKeyDictionary()
-
-
 def analysis(ctx: FileContext) -> FileLoops:
-    """The shared training-loop facts of the file being checked (computed once)."""
-    found = _ANALYSES.get(ctx)
-    if found is None:
-        found = FileLoops(ctx)
-        _ANALYSES[ctx] = found
-    return found
+    """The shared training-loop facts of the file being checked (computed once, kept
+    on the context so they go with it)."""
+    return ctx.shared("loops", FileLoops)
 
 
 # -- event collection ----------------------------------------------------------------------
@@ -1526,7 +1584,11 @@ class ModeInterpreter:
             no_grad = is_no_grad_decorated(self.ctx, node)
             region = None
             region_node: ast.AST | None = None
-            if is_eval_name(fi.name) and not (fi.name == "eval" and fi.cls is not None):
+            if (
+                is_eval_name(fi.name)
+                and not (fi.name == "eval" and fi.cls is not None)
+                and not _smoke_test(fi)
+            ):
                 region, region_node = "strong", node
             elif no_grad and any(isinstance(s, LoopNode) for s in fi.own_statements()):
                 region, region_node = "weak", node
@@ -2059,6 +2121,24 @@ def _train_arg(call: ast.Call) -> str | None:
     if isinstance(args[0], ast.Constant) and isinstance(args[0].value, bool):
         return TRAIN if args[0].value else EVAL
     return None
+
+
+def _smoke_test(fi: FunctionInfo) -> bool:
+    """`def test():` with no parameters that feeds the model tensors it makes itself
+    (no loop over a loader or dataset): a shape check, not an evaluation."""
+    if words(fi.name)[:1] != ["test"] or fi.params() or fi.keyword_params():
+        return False
+    for stmt in fi.own_statements():
+        if isinstance(stmt, ast.For | ast.AsyncFor):
+            it = stmt.iter
+            ranged = (
+                isinstance(it, ast.Call)
+                and isinstance(it.func, ast.Name)
+                and it.func.id in ("range", "len")
+            )
+            if not ranged:
+                return False
+    return True
 
 
 def _none_test(test: ast.expr) -> tuple[str | None, bool]:

@@ -57,7 +57,11 @@ def loss_calls(ctx: FileContext, kinds: frozenset[str]) -> list[tuple[FunctionIn
     """Every call of a loss of one of `kinds` in the file: (function, call, kind)."""
     fl = analysis(ctx)
     # names assigned a loss module somewhere (`criterion = nn.CrossEntropyLoss()`)
-    instances = {m.group(1) for m in _LOSS_INSTANCE.finditer(ctx.source)}
+    instances = (
+        {m.group(1) for m in _LOSS_INSTANCE.finditer(ctx.source)}
+        if "Loss(" in ctx.source
+        else set()
+    )
     found = []
     for fi in fl.all_functions():
         if not any(w in fi.text for w in _LOSS_WORDS) and not any(i in fi.text for i in instances):

@@ -83,7 +83,9 @@ class EvalWithoutNoGrad(Rule):
         script = any(w in self.ctx.source for w in _SCRIPT_WORDS)
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
-            if is_lightning_eval_hook(fi.name) or not fi.mentions_evaluation:
+            if not (fi.mentions_evaluation and fi.mentions_model):
+                continue
+            if is_lightning_eval_hook(fi.name):
                 continue
             if fi.cls is not None and fi.name in ("training_step", "forward"):
                 continue

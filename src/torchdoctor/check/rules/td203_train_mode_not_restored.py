@@ -65,6 +65,8 @@ class TrainModeNotRestored(Rule):
                 continue
             if not (".eval(" in text or "train(" in text or fi.mentions_evaluation):
                 continue
+            if not fi.mentions_model:
+                continue
             for step in fl.modes(fi).steps:
                 step_line = getattr(step.node, "lineno", 0)
                 for origin in sorted(step.origins, key=lambda o: o.line):

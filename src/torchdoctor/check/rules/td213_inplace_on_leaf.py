@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
 from torchdoctor.check.loops import (
+    FileLoops,
     FunctionInfo,
     analysis,
     dotted,
@@ -59,6 +61,9 @@ _INPLACE = frozenset(
         "log_normal_",
     }
 )
+# `w -= ...`, `w.add_(...)`, `w[i] = ...`: any in-place write at all
+_INPLACE_TEXT = re.compile(r"[-+*/@]=|[a-z]_\(|\]\s*=[^=]")
+_LEAF_WORDS = ("requires_grad", "Parameter(", "parameters()")
 _PARAMETER_CLASSES = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter", "Parameter"})
 
 
@@ -124,36 +129,39 @@ class InplaceOnLeaf(Rule):
         if not is_torch_file(self.ctx.source):
             return
         fl = analysis(self.ctx)
-        class_params = self._class_parameters()
         for fi in fl.all_functions():
             text = fi.text
-            if not any(t in text for t in ("requires_grad", "Parameter", "parameters()", "self.")):
+            if not _INPLACE_TEXT.search(text):
+                continue  # nothing is updated in place here
+            forward = fi.cls is not None and fi.name == "forward" and "self." in text
+            if not forward and not any(t in text for t in _LEAF_WORDS):
                 continue
             if not fi.is_module and is_no_grad_decorated(self.ctx, fi.node):  # type: ignore[arg-type]
                 continue
-            leaves = self._leaves(fi, class_params)
+            leaves = self._leaves(fi, self._class_parameters(fl, fi) if forward else {})
             if leaves and not any(event.no_grad for _, event in fl.callers(fi)):
                 _Walker(self, fi, leaves).run()
 
-    def _class_parameters(self) -> dict[str, dict[str, int]]:
-        """Class name -> {`self.w`: line} for `self.w = nn.Parameter(...)`."""
-        found: dict[str, dict[str, int]] = {}
-        if "Parameter" not in self.ctx.source:
+    def _class_parameters(self, fl: FileLoops, forward: FunctionInfo) -> dict[str, int]:
+        """{`self.w`: line} for every `self.w = nn.Parameter(...)` in the method's class."""
+        found: dict[str, int] = {}
+        cls = forward.cls
+        if cls is None or "Parameter" not in self.ctx.segment(cls):
             return found
-        for cls in analysis(self.ctx).classes.values():
-            for node in ast.walk(cls):
+        for method in fl.methods.get(cls.name, {}).values():
+            for stmt in method.own_statements():
                 if (
-                    isinstance(node, ast.Assign)
-                    and isinstance(node.value, ast.Call)
-                    and self.ctx.qualname(node.value.func) in _PARAMETER_CLASSES
+                    isinstance(stmt, ast.Assign)
+                    and isinstance(stmt.value, ast.Call)
+                    and self.ctx.qualname(stmt.value.func) in _PARAMETER_CLASSES
                 ):
-                    for target in node.targets:
+                    for target in stmt.targets:
                         key = dotted(target)
                         if key and key.startswith("self."):
-                            found.setdefault(cls.name, {})[key] = node.lineno
+                            found[key] = stmt.lineno
         return found
 
-    def _leaves(self, fi: FunctionInfo, class_params: dict[str, dict[str, int]]) -> list[Leaf]:
+    def _leaves(self, fi: FunctionInfo, class_params: dict[str, int]) -> list[Leaf]:
         leaves: list[Leaf] = []
         trains = "backward" in fi.text
         for stmt in fi.own_statements():
@@ -177,8 +185,8 @@ class InplaceOnLeaf(Rule):
                     if key:
                         owner = self.ctx.segment(it.func.value)
                         leaves.append(Leaf(key, stmt.lineno, f"a parameter of `{owner}`"))
-        if fi.cls is not None and fi.name == "forward":
-            for key, line in class_params.get(fi.cls.name, {}).items():
+        if fi.cls is not None:
+            for key, line in class_params.items():
                 leaves.append(Leaf(key, line, f"an `nn.Parameter` of `{fi.cls.name}`"))
         return leaves
 
