@@ -1,0 +1,230 @@
+from __future__ import annotations
+
+import ast
+import re
+from typing import ClassVar
+
+from torchdoctor.check.rule import Rule, Severity
+
+# torch.FloatTensor, torch.cuda.LongTensor, torch.sparse.FloatTensor, ... and their strings.
+_LEGACY = re.compile(
+    r"torch\.(?:(cuda|sparse)\.)?(Float|Double|Half|BFloat16|Long|Int|Short|Byte|Char|Bool)Tensor"
+)
+_DEVICE_WORDS = re.compile(r"cuda|gpu|device|half", re.IGNORECASE)
+_COLLECTIVES = frozenset({"all_reduce", "all_gather", "broadcast", "reduce", "all_gather_object"})
+# In-place fills that initialise a freshly allocated tensor.
+_INITIALISERS = frozenset(
+    {"zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "copy_", "exponential_"}
+)
+_DTYPES = {
+    "Float": "torch.float32",
+    "Double": "torch.float64",
+    "Half": "torch.float16",
+    "BFloat16": "torch.bfloat16",
+    "Long": "torch.int64",
+    "Int": "torch.int32",
+    "Short": "torch.int16",
+    "Byte": "torch.uint8",
+    "Char": "torch.int8",
+    "Bool": "torch.bool",
+}
+
+
+class LegacyTensorType(Rule):
+    """`torch.FloatTensor(...)`, `torch.cuda.LongTensor(...)`, `.type(torch.cuda.FloatTensor)`.
+
+    ## What it does
+    Finds the hazardous uses of the legacy typed-tensor API: constructors given
+    sizes (`torch.FloatTensor(2, 3)`, `torch.LongTensor(x.size())`), which return
+    uninitialised memory; every CUDA or sparse constructor
+    (`torch.cuda.LongTensor(labels)`, `torch.sparse.FloatTensor(...)`);
+    conversions through a tensor type,
+    `x.type(torch.cuda.FloatTensor)` or `x.type("torch.FloatTensor")`;
+    `torch.set_default_tensor_type(...)`; and names bound to a CUDA tensor type
+    (`Tensor = torch.cuda.FloatTensor`), whose calls are CUDA-only.
+
+    A constructor given one piece of data (`torch.LongTensor([1, 2])`,
+    `torch.FloatTensor(array)`) only copies it, and one filled at once
+    (`torch.FloatTensor(1, n).zero_()`) is initialised: old style, but it works,
+    and well-kept code (fairseq, PyTorch's own ONNX exporter) uses it hundreds
+    of times, so both are left alone, as are bindings that choose the device
+    (`Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`), type
+    checks (`isinstance(x, torch.cuda.FloatTensor)`) and annotations.
+
+    ## Why is this bad?
+    - `torch.FloatTensor(2, 3)` returns *uninitialised* memory: whatever was
+      there before, sometimes NaN or 1e38, which silently poisons training when
+      the tensor is not overwritten everywhere. `torch.FloatTensor(3)` is an
+      uninitialised 3-vector, not `[3.0]` — the same call means a size or data
+      depending on its argument.
+    - `torch.cuda.FloatTensor(...)` hardcodes CUDA: it fails on a CPU/MPS
+      machine with `TypeError: type torch.cuda.FloatTensor not available`.
+    - `x.type(torch.FloatTensor)` changes the dtype *and* moves a GPU tensor to
+      the CPU, which then fails with a device mismatch (or silently runs on the
+      CPU).
+    - The constructors ignore the default dtype and device and accept no
+      `device=` or `requires_grad=`; `torch.set_default_tensor_type` is
+      deprecated since PyTorch 2.1.
+
+    ## Example
+    ```python
+    Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+    valid = Tensor(imgs.size(0), 1).fill_(1.0)
+    labels = torch.LongTensor(label_list)
+    x = x.type(torch.cuda.FloatTensor)
+    ```
+
+    ## Use instead
+    ```python
+    valid = torch.ones(imgs.size(0), 1, device=imgs.device)
+    labels = torch.tensor(label_list, dtype=torch.long)
+    x = x.to(device=device, dtype=torch.float32)
+    ```
+    (`torch.empty(...)` when uninitialised memory is really wanted,
+    `torch.set_default_dtype` / `torch.set_default_device` for defaults.)
+
+    ## References
+    - https://pytorch.org/docs/stable/tensors.html#torch.Tensor
+    - https://pytorch.org/docs/stable/generated/torch.set_default_tensor_type.html
+    """
+
+    code = "TD603"
+    name = "legacy-tensor-type"
+    category = "deprecation"
+    severity = Severity.INFO
+    triggers: ClassVar[tuple[str, ...]] = ("Tensor", "tensor_type")
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call, ast.Assign)
+
+    def visit(self, node: ast.AST) -> None:
+        if isinstance(node, ast.Assign):
+            self._visit_binding(node)
+            return
+        assert isinstance(node, ast.Call)
+        name = self.ctx.call_name(node) or ""
+        if self._expects_error():
+            return
+        legacy = _LEGACY.fullmatch(name)
+        if legacy is not None:
+            kind = legacy.group(1)
+            if kind == "cuda" and self._device_chosen():
+                kind = None  # CUDA on purpose: only the uninitialised-memory hazard remains
+            if kind is not None or (_sizes(node) and not self._initialised(node)):
+                self.report(node, self._constructor_message(name, legacy, kind))
+            return
+        if name == "torch.set_default_tensor_type":
+            self.report(
+                node,
+                "`torch.set_default_tensor_type` is deprecated since PyTorch 2.1; use "
+                "`torch.set_default_dtype(...)` and `torch.set_default_device(...)`",
+            )
+            return
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "type" and len(node.args) == 1:
+            target = self._legacy_reference(node.args[0])
+            if target is not None:
+                self.report(node, self._type_message(target))
+
+    def _device_chosen(self) -> bool:
+        """Inside `if self.cuda:` / `if x.is_cuda` / a GPU-named function, or code that
+        feeds torch.distributed collectives (NCCL buffers must be CUDA tensors)."""
+        for node in self.ctx.stack:
+            if isinstance(node, ast.If | ast.IfExp | ast.While):
+                if _DEVICE_WORDS.search(self.ctx.segment(node.test)):
+                    return True
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if _DEVICE_WORDS.search(node.name) or any(c in node.name for c in _COLLECTIVES):
+                    return True
+                if any(
+                    isinstance(sub, ast.Call)
+                    and getattr(sub.func, "attr", getattr(sub.func, "id", "")) in _COLLECTIVES
+                    for sub in ast.walk(node)
+                ):
+                    return True
+        return False
+
+    def _initialised(self, call: ast.Call) -> bool:
+        """`torch.FloatTensor(1, n).zero_()`: filled right away, like `torch.zeros`."""
+        parent = self.ctx.stack[-1] if self.ctx.stack else None
+        return isinstance(parent, ast.Attribute) and parent.attr in _INITIALISERS
+
+    def _expects_error(self) -> bool:
+        """Inside `with pytest.raises(...)` / `self.assertRaises(...)`."""
+        return any(
+            isinstance(node, ast.With)
+            and any("raises" in self.ctx.segment(i.context_expr).lower() for i in node.items)
+            for node in self.ctx.stack
+        )
+
+    def _visit_binding(self, node: ast.Assign) -> None:
+        """`Tensor = torch.cuda.FloatTensor`: every later `Tensor(...)` is CUDA-only.
+        (`torch.cuda.FloatTensor if cuda else torch.FloatTensor` chooses the device
+        and is left alone.)"""
+        target = self._legacy_reference(node.value)
+        if target is None or ".cuda." not in target or not isinstance(node.value, ast.Attribute):
+            return
+        names = ", ".join(self.ctx.segment(t) for t in node.targets)
+        self.report(
+            node.value,
+            f"`{names}` is bound to the legacy type `{target}`: every call of it builds "
+            "a tensor on the GPU (a TypeError without one); use "
+            "`torch.empty/zeros/tensor(..., dtype=..., device=device)`",
+        )
+
+    def _legacy_reference(self, node: ast.AST) -> str | None:
+        """`torch.cuda.FloatTensor` (a reference, not a call) or the string of one."""
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value if _LEGACY.fullmatch(node.value) else None
+        if isinstance(node, ast.Attribute):
+            name = self.ctx.qualname(node) or ""
+            return name if _LEGACY.fullmatch(name) else None
+        return None
+
+    @staticmethod
+    def _constructor_message(name: str, legacy: re.Match[str], kind: str | None) -> str:
+        dtype = _DTYPES[legacy.group(2)]
+        if kind == "cuda":
+            return (
+                f"`{name}(...)` is a legacy constructor that hardcodes CUDA (a TypeError "
+                f"without a GPU); use `torch.tensor(data, dtype={dtype}, device=device)` "
+                f"or `torch.empty(size, dtype={dtype}, device=device)`"
+            )
+        if kind == "sparse":
+            return f"`{name}(...)` is a legacy constructor; use `torch.sparse_coo_tensor(...)`"
+        return (
+            f"`{name}(...)` is a legacy constructor: with sizes it returns uninitialised "
+            f"memory, with data a copy; use `torch.tensor(data, dtype={dtype})` or "
+            f"`torch.zeros/empty(size, dtype={dtype})`"
+        )
+
+    @staticmethod
+    def _type_message(target: str) -> str:
+        legacy = _LEGACY.fullmatch(target)
+        assert legacy is not None
+        dtype = _DTYPES[legacy.group(2)]
+        if legacy.group(1) == "cuda":
+            effect = "also moves the tensor to a CUDA GPU (a TypeError without one)"
+        else:
+            effect = "also moves a GPU tensor back to the CPU"
+        return f"`.type({target})` {effect}; use `.to(dtype={dtype})` (and `device=` to move)"
+
+
+def _sizes(call: ast.Call) -> bool:
+    """`torch.FloatTensor(2, 3)`, `torch.LongTensor(n_batch, 1)`, `torch.FloatTensor(x.size())`:
+    the call is given sizes, so it returns uninitialised memory. A single data
+    argument (`torch.LongTensor([1, 2])`, `torch.FloatTensor(array)`) copies data:
+    old style, but it works, so it is left alone."""
+    if len(call.args) >= 2 or any(isinstance(a, ast.Starred) for a in call.args):
+        return True
+    if len(call.args) != 1:
+        return False
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant):
+        return isinstance(arg.value, int) and not isinstance(arg.value, bool)
+    if isinstance(arg, ast.Attribute):
+        return arg.attr == "shape"
+    if isinstance(arg, ast.Call):
+        func = arg.func
+        return (isinstance(func, ast.Attribute) and func.attr == "size") or (
+            getattr(func, "attr", getattr(func, "id", "")) == "Size"
+        )
+    return False
