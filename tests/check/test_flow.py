@@ -61,6 +61,11 @@ def test_join_keeps_what_both_paths_agree_on() -> None:
     assert join(moved, moved) is moved
     joined = join(moved, cpu)
     assert joined.kind is Kind.TENSOR and joined.place is Place.UNKNOWN
+    # a module on the device on one path, fresh (on the CPU) on the other: "maybe"
+    module = Value(Kind.MODULE, Place.DEVICE, device="cuda", device_line=3)
+    maybe = join(module, Value(Kind.MODULE, fresh=True))
+    assert maybe.place is Place.DEVICE and maybe.maybe and maybe.device_line == 3
+    assert join(Value(Kind.MODULE, fresh=True), module) == maybe
     assert join(moved, Value(Kind.MODULE)) is UNKNOWN
     # an empty container joined with a filled one keeps the filling (loops that append)
     module = Value(Kind.MODULE, fresh=True)
@@ -162,7 +167,9 @@ def test_branches_join_and_unknown_helpers_forget() -> None:
         "run",
     )
     env = sc.exit_env
-    assert env["net"].kind is Kind.MODULE and env["net"].place is Place.UNKNOWN
+    # moved on one path only: on the device when `use_cuda`, on the CPU otherwise
+    assert env["net"].kind is Kind.MODULE and env["net"].place is Place.DEVICE
+    assert env["net"].maybe and not env["net"].fresh
     assert env["t"].kind is Kind.TENSOR and env["t"].place is Place.UNKNOWN
     assert "seen" not in env  # a dropped call of unknown effect may move the batch
 

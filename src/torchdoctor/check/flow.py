@@ -104,6 +104,7 @@ class Value:
     grad: bool = False  # may require grad (a parameter, or computed from one outside no_grad)
     part: bool = False  # BATCH: taken out of a batch (unpacked, indexed): a tensor in practice
     assumed: bool = False  # the place is inferred, not proven (see Place notes in rules)
+    maybe: bool = False  # DEVICE on some paths only (`if use_cuda: model.cuda()`), CPU on others
     is_input: bool = False  # an argument of `forward`, or a parameter/submodule of `self`
     output: bool = False  # TENSOR: the output of a module call
     scalar: bool = False  # TENSOR: 0-dim (mixes with tensors on any device)
@@ -156,6 +157,21 @@ def join(a: Value, b: Value) -> Value:
             changes[name] = _DEFAULTS[name]
     if "grad" in changes:
         changes["grad"] = True  # may require grad on some path
+    if "place" in changes:
+        device_side = a if a.place is Place.DEVICE else b if b.place is Place.DEVICE else None
+        other = b if device_side is a else a
+        # a module moved on one path only (`if use_cuda: model.cuda()`): on the device on
+        # that path, which crashes against a batch that is on the CPU on every path.
+        # (Tensors do not get this: `x.cpu()` under the same condition is too common.)
+        if (
+            device_side is not None
+            and a.kind is Kind.MODULE
+            and (other.place is Place.CPU or other.fresh)
+        ):
+            for name in ("place", "device", "device_line", "assumed", "is_input", "output"):
+                changes[name] = getattr(device_side, name)
+            changes["maybe"] = True
+            changes["fresh"] = False
     if "element" in changes:
         # an empty container (element None) joined with a filled one keeps the filling
         if a.element is None or b.element is None:
@@ -503,6 +519,9 @@ DATA_PARALLEL = frozenset(
     }
 )
 _NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode"})
+# Results that never require grad: booleans and indices.
+_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"})
+_INDEX_RESULTS = frozenset({"argmax", "argmin", "long", "int", "bool", "byte", "short", "char"})
 # torch.nn layers that own parameters or buffers.
 _LAYERS = """
     Linear Bilinear LazyLinear Conv1d Conv2d Conv3d ConvTranspose1d ConvTranspose2d
@@ -850,7 +869,7 @@ class FileFlow:
                 if pattern is None:
                     pattern = re.compile(
                         rf"\b{re.escape(me)}\.(\w+)\s*(?:\[[^\]\n]*\]\s*)?"
-                        r"(?:,|=(?!=)|[-+*/%@&|^]=|//=|\*\*=|>>=|<<=)"
+                        r"(?:,[^\n=()\[\]]*=(?!=)|=(?!=)|[-+*/%@&|^]=|//=|\*\*=|>>=|<<=)"
                     )
                     _ASSIGNED_ATTR[me] = pattern
                 names.update(pattern.findall(text))
@@ -918,9 +937,11 @@ class FileFlow:
             return {}
         if scopes is None:
             return {}
+        # submodules handed to a module's constructor are facts without any device word
+        module_init = cls is not None and func.name == "__init__" and self.is_module_class(cls)
         for scope_node in scopes:
             forward = isinstance(scope_node, ast.FunctionDef) and self.is_forward(scope_node)
-            if not forward and not self.mentions(scope_node, *self.FACT_WORDS):
+            if not (forward or module_init or self.mentions(scope_node, *self.FACT_WORDS)):
                 return {}  # an uninformative caller: the join would be unknown anyway
         for scope_node in scopes:
             caller = self.scope(scope_node, depth=depth + 1)
@@ -1779,7 +1800,7 @@ class ScopeFlow:
         cpus = [v for v in values if v.place is Place.CPU]
         needs_grad = grad and self._no_grad == 0 and any(v.grad for v in values)
         if devices:
-            first = devices[0]
+            first = next((v for v in devices if not v.maybe), devices[0])
             return Value(
                 Kind.TENSOR,
                 Place.DEVICE,
@@ -1788,6 +1809,7 @@ class ScopeFlow:
                 device_line=first.device_line,
                 assumed=first.assumed,
                 is_input=first.is_input,
+                maybe=first.maybe,
                 grad=needs_grad,
                 scalar=all(v.scalar for v in values),
                 output=first.output,
@@ -1979,10 +2001,11 @@ class ScopeFlow:
             operands.extend(self._tensor_operands(kw.value, value))
         tensors = [(n, v) for n, v in operands if v.tensor_like or n is node.func]
         self._meet(node, [(n, v) for n, v in tensors], "module")
+        maybe = False
         if callee.place is not Place.UNKNOWN:
             place = callee.place
             device, device_line = callee.device, callee.device_line
-            assumed, is_input = callee.assumed, callee.is_input
+            assumed, is_input, maybe = callee.assumed, callee.is_input, callee.maybe
         else:
             moved = next((v for v in args if v.place is Place.DEVICE), None)
             if moved is None:
@@ -1999,7 +2022,7 @@ class ScopeFlow:
                     )
                 return UNKNOWN
             place, device, device_line = Place.DEVICE, moved.device, moved.device_line
-            assumed, is_input = moved.assumed, moved.is_input
+            assumed, is_input, maybe = moved.assumed, moved.is_input, moved.maybe
         return Value(
             Kind.TENSOR,
             place,
@@ -2011,6 +2034,7 @@ class ScopeFlow:
             assumed=assumed,
             is_input=is_input,
             output=True,
+            maybe=maybe,
         )
 
     def _tensor_operands(self, node: ast.expr, value: Value) -> list[tuple[ast.expr, Value]]:
@@ -2140,13 +2164,14 @@ class ScopeFlow:
             no_dim = not node.args and not any(k.arg == "dim" for k in node.keywords)
             return dataclasses.replace(result, scalar=no_dim, source=recv.source)
         if method in MEETING_METHODS:
+            comparison = method in _COMPARISONS
             operands = [(func.value, recv)]
             for arg_node, value in zip(node.args, args, strict=False):
                 if value.tensor_like:
                     operands.append((arg_node, value))
             if len(operands) > 1:
                 self._meet(node, operands, "method")
-            result = self._combined([recv] + [v for _, v in operands[1:]])
+            result = self._combined([recv] + [v for _, v in operands[1:]], grad=not comparison)
             if result is not UNKNOWN and result.place is recv.place:
                 result = dataclasses.replace(result, source=recv.source)
             return result
@@ -2158,7 +2183,7 @@ class ScopeFlow:
             return dataclasses.replace(
                 recv,
                 kind=kind,
-                grad=recv.grad or method == "requires_grad_",
+                grad=(recv.grad and method not in _INDEX_RESULTS) or method == "requires_grad_",
                 scalar=False if reshaping else recv.scalar,
                 output=False,
             )
@@ -2172,7 +2197,7 @@ class ScopeFlow:
         if method == "cpu":
             target: tuple[Place, str] | None = (Place.CPU, "'cpu'")
         elif method == "cuda":
-            target = (Place.DEVICE, "cuda")
+            target = (Place.DEVICE, '"cuda"')
         else:
             target = self._to_target(node)
         if target is None:
@@ -2315,6 +2340,10 @@ class ScopeFlow:
             return self._data_loader(node, args, keywords)
         if self._is_module_class(qual):
             return self._construct_module(node, qual, keywords)
+        if last.endswith("Dataset") and last[:1].isupper():
+            # a dataset whose class moves its samples to the device makes device batches
+            moving = last in getattr(self.ff.project, "moving_classes", ())
+            return Value(Kind.DATASET, cls=last, assumed=moving, line=node.lineno)
         if last.startswith("Auto") and "Model" in qual and ".from_pretrained" in f".{qual}":
             return Value(Kind.MODULE, name="", cls=last, line=node.lineno, source=node, fresh=True)
         if qual.startswith("timm.") and last == "create_model":
@@ -2553,12 +2582,12 @@ class ScopeFlow:
                 key = dotted(sub.func.value)
                 if key is None:
                     continue
-                root = key if "." not in key else key.split(".", 1)[0]
-                for name in dict.fromkeys((key, root)):
-                    held = self.env.get(name) if self.env is not None else None
+                # `model.classifier.parameters()`: the optimizer depends on `model` too,
+                # which is what gets moved (updated in place: its attribute facts stay)
+                for name in dict.fromkeys((key, key.split(".", 1)[0])):
+                    held = self.env.get(name)
                     if held is not None and held.kind is Kind.MODULE and held.optimizer is None:
-                        self._set(name, dataclasses.replace(held, optimizer=node))
-                        break
+                        self.env[name] = dataclasses.replace(held, optimizer=node)
 
     # -- iteration --------------------------------------------------------------------------
     def _element(self, iterable: Value, node: ast.expr | None) -> Value:

@@ -68,6 +68,8 @@ class ProjectIndex:
     # Callee name -> calls of it in other files that pass a moved model or a loader
     # (project_facts.py; used by the device rules' dataflow).
     call_facts: dict[str, tuple[CallFact, ...]] = field(default_factory=dict)
+    # Classes that move data to the device themselves (project_facts.moving_classes).
+    moving_classes: frozenset[str] = frozenset()
 
     @classmethod
     def build(cls, sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
@@ -76,13 +78,16 @@ class ProjectIndex:
 
         index = cls()
         candidates: list[tuple[str, str]] = []
+        moving: set[str] = set()
         count = 0
         for item in sources:
             path, source = item if isinstance(item, tuple) else ("", item)
             index.add(scan_classes(source))
+            moving |= project_facts.moving_classes(source)
             count += 1
             if project_facts.is_candidate(source):
                 candidates.append((path, source))
+        index.moving_classes = frozenset(moving)
         index.resolve()
         if candidates and count > 1:  # a lone file sees its own calls directly
             index.call_facts = project_facts.collect(index, candidates)
@@ -115,6 +120,8 @@ class ProjectIndex:
     def fingerprint(self) -> str:
         """Changes whenever the set of module classes changes (part of the cache key)."""
         text = "\n".join(sorted(self.module_classes))
+        if self.moving_classes:
+            text += "\nmoving:" + ",".join(sorted(self.moving_classes))
         if self.call_facts:  # and whenever the cross-file call facts change
             from torchdoctor.check import project_facts
 

@@ -43,6 +43,44 @@ class CallFact:
     opaque: bool  # *args / **kwargs at the call: positions unknown
 
 
+_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^()]*)\)", re.MULTILINE)
+_BODY_ENDS: dict[int, re.Pattern[str]] = {}
+
+
+def _body_end(indent: int) -> re.Pattern[str]:
+    """The first line indented at most `indent` that is not blank or a comment."""
+    found = _BODY_ENDS.get(indent)
+    if found is None:
+        found = _BODY_ENDS[indent] = re.compile(rf"\n[ \t]{{0,{indent}}}(?=[^\s#])")
+    return found
+
+
+# A class body that moves what it is given: `x = x.to(...)`, `.to(self.device)`.
+_MOVES_INPUT = re.compile(r"\b(\w+)\s*=\s*\1\s*\.\s*(?:to|cuda)\(|\.to\(\s*self\.device\b")
+_DEVICE_WORDS = (".to(", ".cuda(", "device")
+
+
+def moving_classes(source: str) -> set[str]:
+    """Classes that put data on the device themselves.
+
+    A Dataset whose body mentions a device (its batches may arrive on the GPU), or
+    any class that moves what it receives (`x = x.to(self.device)` in `forward`).
+    """
+    found: set[str] = set()
+    if not any(w in source for w in _DEVICE_WORDS) or "class" not in source:
+        return found
+    for match in _CLASS_HEADER.finditer(source):
+        indent = len(match.group(0)) - len(match.group(0).lstrip(" \t"))
+        body_end = _body_end(indent).search(source, match.end())
+        body = source[match.end() : body_end.start() if body_end else len(source)]
+        if "Dataset" in match.group(2):
+            if any(w in body for w in _DEVICE_WORDS):
+                found.add(match.group(1))
+        elif _MOVES_INPUT.search(body):
+            found.add(match.group(1))
+    return found
+
+
 def is_candidate(source: str) -> bool:
     """Whether a file may pass a moved model or a loader to another file's function."""
     return any(m in source for m in _MOVES) and _LOADER_ARGUMENT.search(source) is not None

@@ -15,8 +15,10 @@ class UnregisteredTensor(Rule):
     ## What it does
     Finds `self.name = <tensor>` in an `nn.Module`'s `__init__`, where the tensor is
     made there (a factory, `torch.tensor([...])`, arithmetic on those) and is
-    neither an `nn.Parameter` nor registered with `register_buffer`, and that the
-    module's other methods (usually `forward`) use.
+    neither an `nn.Parameter` nor registered with `register_buffer`, and that one
+    of the module's methods (usually `forward`) combines with its inputs,
+    parameters or submodules. A tensor moved where it is used
+    (`self.mask.to(x.device)`) is not reported.
 
     ## Why is this bad?
     `model.to(device)`, `.cuda()` and `.half()` move and convert parameters and

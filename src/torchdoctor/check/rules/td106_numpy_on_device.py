@@ -73,8 +73,8 @@ class NumpyOnDevice(Rule):
         held = scope.value(receiver)
         if held.kind not in (Kind.TENSOR, Kind.PARAMETER, Kind.BATCH):
             return
-        if held.is_input or held.assumed:
-            return
+        if held.is_input or held.assumed or held.maybe:
+            return  # `x.numpy() if not use_cuda else x.cpu().numpy()`: paths correlate
         on_device = held.place is Place.DEVICE
         grad = held.grad and not grad_off
         if not (on_device or grad):

@@ -64,7 +64,7 @@ class OptimizerBeforeTo(Rule):
                     continue
                 if move.dtype_only or after.place is not Place.DEVICE:
                     continue
-                if before.place is Place.DEVICE:
+                if before.place is Place.DEVICE and not before.maybe:
                     continue  # already on the device when the optimizer was built
                 reported.add(optimizer)
                 model = self.ctx.segment(move.receiver)

@@ -121,6 +121,8 @@ class BatchNotMoved(Rule):
             callee = (flow.dotted(m.site.func) or "").lower()
             if "pipe" in callee:
                 return False  # diffusers/transformers pipelines move their inputs themselves
+            if other.cls and other.cls in self.ctx.project.moving_classes:
+                return False  # its forward moves its inputs (`x = x.to(self.device)`)
         last = (flow.dotted(m.cpu_node) or "").rsplit(".", 1)[-1]
         if isinstance(m.cpu_node, ast.Subscript):
             key = m.cpu_node.slice
@@ -183,7 +185,8 @@ def _position(node: ast.AST) -> tuple[int, int]:
 
 def _moved(value: Value) -> str:
     if value.device_line:
-        return f"moved to `{value.device}` at {value.where_line(value.device_line)}"
+        when = " when that branch runs" if value.maybe else ""
+        return f"moved to `{value.device}` at {value.where_line(value.device_line)}{when}"
     return "on the device"
 
 
@@ -194,7 +197,8 @@ def _on_device(value: Value) -> str:
     if value.name.startswith("output of"):
         return f"computed from the {value.name}, {place}"
     if value.device_line:
-        return f"{place} since {value.where_line(value.device_line)}"
+        when = " when that branch runs" if value.maybe else ""
+        return f"{place} since {value.where_line(value.device_line)}{when}"
     return place
 
 
