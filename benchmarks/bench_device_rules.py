@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -68,8 +69,7 @@ def child_cpu(cmd: list[str]) -> float:
 
 def speed(tree: Path, runs: int) -> None:
     files = sorted(str(p) for p in tree.rglob("*.py"))
-    listing = HERE / ".work" / "device_rules_files.txt"
-    listing.parent.mkdir(exist_ok=True)
+    listing = Path(tempfile.mkdtemp(prefix="bench-device-rules-")) / "files.txt"
     listing.write_text("\n".join(files), encoding="utf-8")
     check = [str(BIN / "torchdoctor"), "check", "--isolated", "--no-cache", "-j1"]
     check += ["--exclude", "", "--exit-zero", "--format", "concise"]

@@ -519,6 +519,8 @@ DATA_PARALLEL = frozenset(
     }
 )
 _NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode"})
+# Values that take the name of the variable they are first bound to (for messages).
+_NAMED_KINDS = frozenset({Kind.LOADER, Kind.MODULE, Kind.DEVICE, Kind.DATASET})
 # Results that never require grad: booleans and indices.
 _COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"})
 _INDEX_RESULTS = frozenset({"argmax", "argmin", "long", "int", "bool", "byte", "short", "char"})
@@ -1489,7 +1491,7 @@ class ScopeFlow:
     # -- binding --------------------------------------------------------------------------
     def _bind(self, target: ast.expr, value: Value) -> None:
         if isinstance(target, ast.Name):
-            if value.kind in (Kind.LOADER, Kind.MODULE, Kind.DEVICE) and not value.name:
+            if value.kind in _NAMED_KINDS and not value.name:
                 value = dataclasses.replace(value, name=target.id)
             if self._recording and value is not UNKNOWN:
                 self._values[target] = value  # what the name was bound to, here
@@ -1628,6 +1630,8 @@ class ScopeFlow:
         kind = base.kind
         if kind is Kind.BATCH:
             return dataclasses.replace(base, part=True)
+        if kind is Kind.DATASET:
+            return self._sample(base)
         if kind is Kind.MODULE and base.place is not Place.UNKNOWN:
             # model[0] of a Sequential/ModuleList: a submodule, where the module is
             return Value(
@@ -2340,10 +2344,14 @@ class ScopeFlow:
             return self._data_loader(node, args, keywords)
         if self._is_module_class(qual):
             return self._construct_module(node, qual, keywords)
-        if last.endswith("Dataset") and last[:1].isupper():
-            # a dataset whose class moves its samples to the device makes device batches
-            moving = last in getattr(self.ff.project, "moving_classes", ())
-            return Value(Kind.DATASET, cls=last, assumed=moving, line=node.lineno)
+        vision = qual.startswith("torchvision.datasets.") and last[:1].isupper()
+        if vision or (last.endswith("Dataset") and last[:1].isupper()):
+            # samples are CPU tensors, unless the dataset's class moves them itself
+            moving = last in getattr(self.ff.project, "moving_classes", ()) or any(
+                kw.arg in ("device", None) for kw in node.keywords
+            )
+            place = Place.UNKNOWN if moving else Place.CPU
+            return Value(Kind.DATASET, place, cls=last, assumed=moving, line=node.lineno)
         if last.startswith("Auto") and "Model" in qual and ".from_pretrained" in f".{qual}":
             return Value(Kind.MODULE, name="", cls=last, line=node.lineno, source=node, fresh=True)
         if qual.startswith("timm.") and last == "create_model":
@@ -2590,9 +2598,18 @@ class ScopeFlow:
                         self.env[name] = dataclasses.replace(held, optimizer=node)
 
     # -- iteration --------------------------------------------------------------------------
+    @staticmethod
+    def _sample(dataset: Value) -> Value:
+        """One sample of a dataset (`test_data[0]`): on the CPU for the datasets we know."""
+        if dataset.place is not Place.CPU or dataset.assumed:
+            return UNKNOWN
+        return Value(Kind.BATCH, Place.CPU, name=dataset.name, line=dataset.line, part=True)
+
     def _element(self, iterable: Value, node: ast.expr | None) -> Value:
         """What one iteration over `iterable` gives."""
         kind = iterable.kind
+        if kind is Kind.DATASET:
+            return self._sample(iterable)
         if kind is Kind.LOADER:
             return Value(
                 Kind.BATCH,
