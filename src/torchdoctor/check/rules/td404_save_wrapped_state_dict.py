@@ -10,11 +10,7 @@ from torchdoctor.check.rule import Rule, Severity
 
 _WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel", "DDP"})
 # An `if` that tells wrapped from plain models apart: the code already handles the prefix.
-_GUARD_WORDS = re.compile(
-    r"module|DataParallel|DDP|isinstance|hasattr|distributed|parallel|n_?gpu|multi_?gpu"
-    r"|device_count|world_size",
-    re.I,
-)
+_GUARD_WORDS = re.compile(r"module|DataParallel|DDP|isinstance|hasattr")
 
 
 @dataclass(frozen=True)
@@ -213,8 +209,18 @@ def _calls_with_parents(fi: FunctionInfo) -> list[tuple[ast.Call, tuple[ast.AST,
 
 
 def _guarded(parents: tuple[ast.AST, ...]) -> bool:
-    for node in parents:
-        if isinstance(node, ast.If | ast.IfExp) and _GUARD_WORDS.search(ast.unparse(node.test)):
+    """Inside an `if` that tells wrapped and plain models apart: its test looks at the
+    wrapper (`hasattr(model, "module")`), or its other branch unwraps (`model.module`)."""
+    for i, node in enumerate(parents):
+        if not isinstance(node, ast.If | ast.IfExp):
+            continue
+        if _GUARD_WORDS.search(ast.unparse(node.test)):
+            return True
+        inside = parents[i + 1] if i + 1 < len(parents) else None
+        body = node.body if isinstance(node.body, list) else [node.body]
+        orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
+        other = orelse if any(inside is b for b in body) else body
+        if any(".module" in ast.unparse(b) for b in other):
             return True
     return False
 
