@@ -386,3 +386,22 @@ del w
 """
     )
     assert sc.exit_env.get("x") is None or sc.exit_env["x"].kind is Kind.TENSOR
+
+
+def test_many_functions_use_one_index_of_calls() -> None:
+    # past FileFlow.TEXT_SCANS names, call sites come from one walk of the tree
+    count = flow.FileFlow.TEXT_SCANS + 8
+    source = HEADER + "net = nn.Linear(4, 2).to(device)\nval = DataLoader(ds)\n"
+    for i in range(count):
+        source += f"def run{i}(model, loader):\n    for x, y in loader:\n        model(x)\n"
+        source += f"run{i}(net, val)\n"
+    source += "callbacks = [run0, run39]\n"  # passed around as values: no seeds
+    ff = file_of(source)
+    by_name = {f.name: f for f in ff.functions()}
+    for i in range(count):
+        seeded = ff.scope(by_name[f"run{i}"]).seeds
+        if i in (0, 39):
+            assert seeded == {}
+        else:
+            assert seeded["model"].place is Place.DEVICE, i
+    assert ff._uses_indexed

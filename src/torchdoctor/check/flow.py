@@ -45,6 +45,7 @@ import ast
 import bisect
 import dataclasses
 import enum
+import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -584,6 +585,7 @@ class FileFlow:
     """Index of a file's functions and classes, and the cache of their scope facts."""
 
     MAX_SEED_DEPTH = 2
+    TEXT_SCANS = 32  # names looked up in the text before one tree walk indexes them all
     # A caller that mentions none of these cannot pass a moved module, a device tensor
     # or a loader: it is not analysed, and the callee gets no seeds (unknown is quiet).
     FACT_WORDS = (".to(", ".cuda(", "device", "DataLoader", "loader", "Loader")
@@ -598,6 +600,9 @@ class FileFlow:
         self._methods: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
         self._index(ctx.tree.body, None, top=True)
         self._function_lines = [f.lineno for f in self._functions]
+        self._reach = list(  # the furthest line any function up to this one spans
+            itertools.accumulate((f.end_lineno or f.lineno for f in self._functions), max)
+        )
         self._innermost: dict[int, ScopeNode] = {}
         self._scopes: dict[tuple[ast.AST, bool], ScopeFlow] = {}
         self._in_progress: set[ast.AST] = set()
@@ -605,6 +610,7 @@ class FileFlow:
         self._self_attrs_assigned: dict[AnyFunction, frozenset[str]] = {}
         self._texts: dict[ast.AST, str] = {}
         self._uses: dict[str, list[tuple[int, bool]] | None] = {}
+        self._uses_indexed = False
         self._module_names: frozenset[str] | None = None
         self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
 
@@ -884,16 +890,27 @@ class FileFlow:
     def _occurrences(self, name: str) -> list[tuple[int, bool]] | None:
         """(line, is a call) of each use of the top-level function or class `name`.
 
-        None when `name` is also used as a value (a callback, a decorator): then its
-        calls cannot all be seen. `name(` is a call; `name` followed by `,` `)` `]`
-        `}` or a line end is a value; prose in a docstring (`name the ...`) is neither.
+        None when `name` is also used as a value (a callback, a decorator, a base
+        class): then its calls cannot all be seen. The first few names are found in
+        the text; a file that asks about many gets one syntax-tree pass for all.
         """
         if name in self._uses:
             return self._uses[name]
+        if len(self._uses) >= self.TEXT_SCANS:
+            if not self._uses_indexed:
+                self._index_uses()
+            return self._uses.get(name, [])
+        uses = self._scan_uses(name)
+        self._uses[name] = uses
+        return uses
+
+    def _scan_uses(self, name: str) -> list[tuple[int, bool]] | None:
+        """`name(` is a call; `name` followed by `,` `)` `]` `}` or a line end is a value;
+        prose in a docstring (`name the ...`) is neither."""
         source = self.ctx.source
-        uses: list[tuple[int, bool]] | None = []
+        uses: list[tuple[int, bool]] = []
         start = source.find(name)
-        while start >= 0 and uses is not None:
+        while start >= 0:
             end = start + len(name)
             before = source[start - 1] if start else " "
             after = source[end : end + 1]
@@ -908,10 +925,31 @@ class FileFlow:
                 elif (not rest or rest[0] in ",)]}\n" or head.rstrip().endswith("@")) and not (
                     _DEF_OR_IMPORT.fullmatch(head)
                 ):
-                    uses = None
+                    return None
             start = source.find(name, end)
-        self._uses[name] = uses
         return uses
+
+    def _index_uses(self) -> None:
+        """Every use of every top-level name, in one walk of the tree."""
+        self._uses_indexed = True
+        names = self._toplevel_functions.keys() | self._classes.keys()
+        uses: dict[str, list[tuple[int, bool]] | None] = {}
+        called: set[int] = set()
+        for node in ast.walk(self.ctx.tree):  # breadth first: a call before its callee
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in names:
+                    found = uses.setdefault(node.func.id, [])
+                    if found is not None:
+                        found.append((node.lineno, True))
+                    called.add(id(node.func))
+            elif (
+                isinstance(node, ast.Name)
+                and node.id in names
+                and isinstance(node.ctx, ast.Load)
+                and id(node) not in called
+            ):
+                uses[node.id] = None
+        self._uses.update(uses)
 
     def _call_site_seeds(
         self,
@@ -1010,13 +1048,16 @@ class FileFlow:
         found = self._innermost.get(line)
         if found is None:
             found = self.ctx.tree
-            # functions are listed in source order, nested ones after their parent:
-            # the last one starting at or before `line` that still spans it is innermost
-            index = bisect.bisect_right(self._function_lines, line)
-            for func in reversed(self._functions[:index]):
+            # functions are listed in source order, nested ones after their parent: the
+            # last one starting at or before `line` that still spans it is innermost;
+            # the scan stops where no earlier function reaches `line` (a running maximum)
+            index = bisect.bisect_right(self._function_lines, line) - 1
+            while index >= 0 and self._reach[index] >= line:
+                func = self._functions[index]
                 if (func.end_lineno or func.lineno) >= line:
                     found = func
                     break
+                index -= 1
             self._innermost[line] = found
         return found
 
