@@ -611,6 +611,7 @@ class FileFlow:
         self._texts: dict[ast.AST, str] = {}
         self._uses: dict[str, list[tuple[int, bool]] | None] = {}
         self._uses_indexed = False
+        self._returns: dict[AnyFunction, Value] = {}
         self._module_names: frozenset[str] | None = None
         self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
 
@@ -738,6 +739,33 @@ class FileFlow:
         finally:
             self._in_progress.discard(node)
         self._scopes[key] = found
+        return found
+
+    def returned_tensor(self, func: AnyFunction) -> Value:
+        """What `func` returns, when that is a tensor it made on the CPU (else UNKNOWN).
+
+        `def init_hidden(self, n): return torch.zeros(1, n, 16)`: a call of it gives a
+        CPU tensor. Only factory-made CPU tensors are passed on; anything that
+        depends on the arguments stays unknown.
+        """
+        found = self._returns.get(func)
+        if found is None:
+            found = UNKNOWN
+            if returns_factory(self.text(func)):
+                # no seeds: a factory's result does not depend on them, and seeding
+                # would analyse the callers, which are asking for this very summary
+                self._returns[func] = UNKNOWN  # a recursive function sees nothing
+                returned = ScopeFlow(self, func, seeds={}).returned
+                if (
+                    returned is not None
+                    and returned.kind is Kind.TENSOR
+                    and returned.place is Place.CPU
+                    and isinstance(returned.source, ast.Call)
+                    and not returned.scalar
+                    and not returned.assumed
+                ):
+                    found = returned
+            self._returns[func] = found
         return found
 
     def module_exit_env(self) -> Env:
@@ -1111,8 +1139,18 @@ _COMPOUND_STATEMENTS = frozenset(
     | {getattr(ast, name) for name in ("TryStar", "Match") if hasattr(ast, name)}
 )
 _ASSIGNED_ATTR: dict[str, re.Pattern[str]] = {}
+# A function that may return a tensor it makes: a factory call and a return.
+_RETURNS_FACTORY = re.compile(
+    r"\btorch\.(?:zeros|ones|empty|full|rand|randn|randint|arange|tensor|eye|linspace)\("
+    r"[\s\S]*\breturn\b|\breturn\b[^\n]*\btorch\.(?:zeros|ones|empty|full|rand|randn)\("
+)
 _SELF_ATTRIBUTE_USE = re.compile(r"(?<![\w.])(\w+)\.(\w+)\b(\s*\()?")
 _DEF_OR_IMPORT = re.compile(r"\s*(?:(?:async\s+)?(?:def|class)\s+|(?:from\s+\S+\s+)?import\s+.*)")
+
+
+def returns_factory(text: str) -> bool:
+    """Whether a function's text may return a tensor it makes with a factory."""
+    return _RETURNS_FACTORY.search(text) is not None
 
 
 def _join_seeds(a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
@@ -2027,7 +2065,27 @@ class ScopeFlow:
             callee.kind is Kind.UNKNOWN and callee.place is Place.DEVICE
         ):
             return self._module_call(node, callee, args, keywords)
+        target = self._same_file_callee(func, recv)
+        if target is not None:
+            return self.ff.returned_tensor(target)
         return UNKNOWN
+
+    def _same_file_callee(self, func: ast.expr, recv: Value | None) -> AnyFunction | None:
+        """The function of this file a call runs: `helper(...)`, `self.m(...)`,
+        `model.init_hidden(...)` on a module of a class defined here."""
+        ff = self.ff
+        if isinstance(func, ast.Name):
+            if self.env is not None and func.id in self.env:
+                return None  # a local variable, not the function
+            return ff._toplevel_functions.get(func.id)
+        if not isinstance(func, ast.Attribute):
+            return None
+        cls: ast.ClassDef | None = None
+        if isinstance(func.value, ast.Name) and self.self_name and func.value.id == self.self_name:
+            cls = self.cls
+        elif recv is not None and recv.kind is Kind.MODULE and recv.cls:
+            cls = ff._classes.get(recv.cls)
+        return ff.methods(cls).get(func.attr) if cls is not None else None
 
     def _module_call(
         self,

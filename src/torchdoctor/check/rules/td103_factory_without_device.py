@@ -68,9 +68,16 @@ class FactoryWithoutDevice(Rule):
             cls = ff.class_of(func)
             if cls is None or not ff.is_module_class(cls):
                 continue
-            if not ff.mentions(func, "torch.", *flow.FACTORIES):
-                continue
             forward = ff.methods(cls).get("forward")
+            makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
+                f"self.{m.name}("
+                for m in ff.methods(cls).values()
+                if m is not func and flow.returns_factory(ff.text(m))
+            ]
+            if not ff.mentions(func, "torch.", *flow.FACTORIES) and not (
+                makers and ff.mentions(func, *makers)
+            ):
+                continue
             if forward is None:
                 continue
             if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
@@ -85,7 +92,12 @@ class FactoryWithoutDevice(Rule):
             source = m.cpu.source
             if not isinstance(source, ast.Call) or source in reported or m.cpu.assumed:
                 continue
-            if not _inside(source, func) or not m.other.is_input or id(m.site) in moved_now:
+            # the factory may sit in a method forward calls (`self.init_hidden(n)`); one
+            # made in `__init__` and kept on `self` is TD104's
+            inside = _inside(source, func) or any(
+                _inside(source, method) for method in self._helpers(func)
+            )
+            if not inside or not m.other.is_input or id(m.site) in moved_now:
                 continue
             qual = self.ctx.call_name(source) or ""
             factory = qual.rsplit(".", 1)[-1]
@@ -93,6 +105,13 @@ class FactoryWithoutDevice(Rule):
                 continue
             reported.add(source)
             self.report(source, self._message(func, forward, m, qual, factory))
+
+    def _helpers(self, func: AnyFunction) -> list[AnyFunction]:
+        ff = flow.file_flow(self.ctx)
+        cls = ff.class_of(func)
+        if cls is None:
+            return []
+        return [m for name, m in ff.methods(cls).items() if name != "__init__" and m is not func]
 
     def _message(
         self, func: AnyFunction, forward: AnyFunction, m: Mismatch, qual: str, factory: str
@@ -126,9 +145,12 @@ class FactoryWithoutDevice(Rule):
         )
 
 
-def _inside(node: ast.AST, func: AnyFunction) -> bool:
+def _inside(node: ast.AST, func: ast.AST | None) -> bool:
+    if func is None:
+        return False
     line = getattr(node, "lineno", 0)
-    return func.lineno <= line <= (func.end_lineno or func.lineno)
+    start, end = getattr(func, "lineno", 0), getattr(func, "end_lineno", None)
+    return bool(start) and start <= line <= (end or start)
 
 
 def _first_input(func: AnyFunction) -> str:

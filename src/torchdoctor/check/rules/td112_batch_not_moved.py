@@ -79,7 +79,7 @@ class BatchNotMoved(Rule):
     name = "batch-not-moved"
     category = "device"
     severity = Severity.ERROR
-    triggers: ClassVar[tuple[str, ...]] = ("loader", "Loader", "batch", "next(")
+    triggers: ClassVar[tuple[str, ...]] = ("loader", "Loader", "batch", "next(", ".to(", ".cuda(")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
@@ -87,10 +87,13 @@ class BatchNotMoved(Rule):
         line_of = self.ctx.line_of_offset
         strong = [line_of(m.start()) for m in _ITERATES_LOADER.finditer(source)]
         weak = [line_of(m.start()) for m in _ITERATES_BATCHES.finditer(source)]
-        if not strong and not weak:
+        # module-level code (a script, a notebook) is cheap: analysed whenever it moves
+        script = any(m in source for m in _MOVES)
+        if not strong and not weak and not script:
             return
         ff = flow.file_flow(self.ctx)
-        scopes = ff.scopes_at(strong)
+        scopes: list[flow.ScopeNode] = [ff.ctx.tree] if script else []
+        scopes += [s for s in ff.scopes_at(strong) if s not in scopes]
         scopes += [s for s in ff.scopes_at(weak) if s not in scopes and ff.mentions(s, *_MOVES)]
         for node in scopes:
             if not isinstance(node, ast.Module):
