@@ -213,6 +213,17 @@ class HardcodedCuda(Rule):
                 f"`{receiver}.cuda()` moves it to a CUDA GPU unconditionally; "
                 "this fails on a machine without one"
             )
+        last_name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        device_keyword = next(
+            (
+                kw
+                for kw in call.keywords
+                if kw.arg in ("device", "map_location") and _is_cuda_literal(kw.value)
+            ),
+            None,
+        )
+        if last_name not in ("device", "set_default_device", "to") and device_keyword is None:
+            return None, ""  # cheap test first: most calls name no device at all
         name = self.ctx.call_name(call)
         if name in ("torch.device", "torch.set_default_device"):
             device = call.args[0] if call.args else _keyword(call, "type")
@@ -241,12 +252,11 @@ class HardcodedCuda(Rule):
             return None, ""  # `check_device(x, device="cuda")` asks; it does not move
         if last in ("GradScaler", "autocast"):
             return None, ""  # without a GPU these warn and disable themselves
-        for kw in call.keywords:
-            if kw.arg in ("device", "map_location") and _is_cuda_literal(kw.value):
-                return kw.value, (
-                    f"`{kw.arg}={self.ctx.segment(kw.value)}` names a CUDA GPU with no "
-                    "CPU fallback; this fails on a machine without one"
-                )
+        if device_keyword is not None:
+            return device_keyword.value, (
+                f"`{device_keyword.arg}={self.ctx.segment(device_keyword.value)}` names a "
+                "CUDA GPU with no CPU fallback; this fails on a machine without one"
+            )
         return None, ""
 
     def _check_assign(self, node: ast.Assign | ast.AnnAssign) -> tuple[ast.AST | None, str]:

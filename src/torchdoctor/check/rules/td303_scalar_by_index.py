@@ -12,6 +12,8 @@ if TYPE_CHECKING:
 
 # Reductions that give a 0-dim tensor when called with no arguments.
 _REDUCTIONS = frozenset({"sum", "mean", "prod", "norm", "max", "min", "std", "var", "dot"})
+# Text without any of these cannot prove a value 0-dim.
+_EVIDENCE_WORDS = ("backward(", "loss", "Loss", "criterion", "cross_entropy", ".sum(", ".mean(")
 # torch functions that keep the shape of their one argument.
 _ELEMENTWISE = frozenset(
     {"abs", "exp", "log", "sqrt", "neg", "sigmoid", "tanh", "relu", "square", "clamp"}
@@ -82,6 +84,7 @@ class ScalarByIndex(Rule):
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
         self._scopes: dict[int, _ScopeFacts] = {}
+        self._relevant: dict[int, bool] = {}
 
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Subscript)
@@ -129,7 +132,10 @@ class ScalarByIndex(Rule):
             return self._scalar_call(tensor, method_reductions)
         if not isinstance(tensor, ast.Name):
             return None
-        facts = self._facts(self.ctx.enclosing_function() or self.ctx.tree)
+        scope = self.ctx.enclosing_function() or self.ctx.tree
+        if not self._may_prove(scope):
+            return None
+        facts = self._facts(scope)
         if tensor.id in facts.backward:
             return f"`{tensor.id}.backward()` needs a scalar"
         line = getattr(at, "lineno", 0)
@@ -170,6 +176,16 @@ class ScalarByIndex(Rule):
         if proof is None:
             proof = self._scalar_arithmetic(expr, at, depth - 1)
         return proof
+
+    def _may_prove(self, scope: ast.AST) -> bool:
+        """Cheap text test before the walk: no `.backward(`, loss or reduction, no proof."""
+        key = id(scope)
+        known = self._relevant.get(key)
+        if known is None:
+            text = self.ctx.source if isinstance(scope, ast.Module) else self.ctx.segment(scope)
+            known = any(word in text for word in _EVIDENCE_WORDS)
+            self._relevant[key] = known
+        return known
 
     def _facts(self, scope: ast.AST) -> _ScopeFacts:
         """Names a function calls `.backward()` on, and its simple assignments (once)."""

@@ -97,9 +97,14 @@ class LegacyTensorType(Rule):
 
     def visit(self, node: ast.AST) -> None:
         if isinstance(node, ast.Assign):
-            self._visit_binding(node)
+            if isinstance(node.value, ast.Attribute) and node.value.attr.endswith("Tensor"):
+                self._visit_binding(node)
             return
         assert isinstance(node, ast.Call)
+        func = node.func
+        last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if not (last.endswith("Tensor") or last in ("type", "set_default_tensor_type")):
+            return  # cheap test first: most calls are none of these
         name = self.ctx.call_name(node) or ""
         if self._expects_error():
             return
@@ -118,7 +123,6 @@ class LegacyTensorType(Rule):
                 "`torch.set_default_dtype(...)` and `torch.set_default_device(...)`",
             )
             return
-        func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "type" and len(node.args) == 1:
             target = self._legacy_reference(node.args[0])
             if target is not None:
