@@ -227,7 +227,7 @@ def _model_output(
     if isinstance(source, ast.Call):
         kind = _module_activation(fl, source)
         if kind:
-            return kind, f"`{ctx.segment(func)}` (its last layer is `nn.{_CLASS_OF[kind]}`)"
+            return kind, f"`{ctx.segment(func)}(...)` (its last layer is `nn.{_CLASS_OF[kind]}`)"
     found = _class_forward(fl, held.cls)
     if found is None:
         return None
@@ -242,7 +242,7 @@ def _model_output(
         assert kind is not None
         where = "" if owner is fl else f" in {owner.ctx.path.rsplit('/', 1)[-1]}"
         return kind, (
-            f"`{ctx.segment(func)}`, whose `{held.cls}.forward` returns a {kind} output "
+            f"`{ctx.segment(func)}(...)`, whose `{held.cls}.forward` returns a {kind} output "
             f"(line {returns[0].lineno}{where})"
         )
     return None
