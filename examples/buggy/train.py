@@ -62,8 +62,14 @@ for epoch in range(3):
     print(f"epoch {epoch}: train loss {running_loss.item() / len(train_loader):.3f} "
           f"val loss {val_loss.item():.3f} accuracy {accuracy:.2f}")
 
+
+def load_weights(path):
+    # inference code, often run on another machine: a CPU-only one fails here
+    return torch.load(path)
+
+
 out_dir = tempfile.mkdtemp(prefix="torchdoctor-demo-")
 torch.save(model, os.path.join(out_dir, "model.pt"))
 torch.save(model.state_dict(), os.path.join(out_dir, "weights.pt"))
-state = torch.load(os.path.join(out_dir, "weights.pt"))
+state = load_weights(os.path.join(out_dir, "weights.pt"))
 print("saved to", out_dir)
