@@ -123,23 +123,29 @@ class HardcodedCuda(Rule):
     `device = "cuda"`).
 
     It stays quiet where the author has already made the choice conditional or
-    deliberately CUDA-only:
+    the code is CUDA-only on purpose:
     - a conditional expression (`"cuda" if torch.cuda.is_available() else "cpu"`,
-      `x.cuda() if use_gpu else x`);
-    - inside `if`/`while` blocks, `and`/`or` chains and decorators whose condition
-      mentions the device (`if torch.cuda.is_available():`, `if args.cuda:`,
-      `if use_gpu:`, `@unittest.skipIf(not TEST_CUDA, ...)`), and after an early
-      exit such as `if not torch.cuda.is_available(): return` or
-      `assert torch.cuda.is_available()`;
-    - inside a `try` whose handler catches the failure;
+      `x.cuda() if use_gpu else x`), a condition or comparison itself
+      (`if x.device == torch.device("cuda")`, `check_device(x, device="cuda")`);
+    - inside `if`/`while` blocks, `and`/`or` chains and decorators that mention
+      the device (`if torch.cuda.is_available():`, `if args.cuda:`,
+      `@unittest.skipIf(not TEST_CUDA, ...)`), after an early exit or assert
+      (`if not torch.cuda.is_available(): return`), in test classes whose
+      `setUp` (or a base class's) skips without a GPU, and under a GPU-checking
+      `pytestmark`; inside a `try` whose handler catches the failure, or a
+      `with pytest.raises(...)` block;
     - in files, functions and classes named for the GPU (`test_cuda.py`,
-      `def benchmark_gpu`, `class CUDAGraphRunner`) and in functions (or scripts)
-      that call CUDA-only APIs such as `torch.cuda.synchronize()`,
-      `torch.cuda.set_device()` or `torch.cuda.Event()`, which cannot run without
-      a GPU anyway;
-    - for default parameter values (`def run(device="cuda")`), f-strings
-      (`f"cuda:{rank}"`), comparisons (`device.type == "cuda"`) and
-      `autocast("cuda")`, which only warns without a GPU.
+      `def to_gpu`, `class CUDAGraphRunner`), in benchmark files, in files that
+      import a GPU-only package (`triton`, `apex`, `transformer_engine`, ...), in
+      functions taking a GPU parameter (`def move(batch, gpu_id)`), in blocks
+      that also call CUDA-only APIs (`torch.cuda.synchronize()`,
+      `torch.cuda.set_device()`, `torch.cuda.Event()`, or a function of the file
+      that does), and in functions feeding `torch.distributed` collectives or
+      `DistributedDataParallel(..., device_ids=[rank])`, whose tensors must be on
+      the process group's GPU;
+    - for default values (`def run(device="cuda")`, a dataclass field),
+      f-strings (`f"cuda:{rank}"`), fake tensors, and `autocast("cuda")` /
+      `GradScaler("cuda")`, which only warn without a GPU.
 
     ## Why is this bad?
     On a machine without a CUDA GPU (a laptop, an Apple-silicon Mac, a CPU CI

@@ -37,6 +37,13 @@ class DeprecatedCudaAmp(Rule):
     `torch.cpu.amp.autocast` and `torch.cpu.amp.GradScaler`, whether written out
     or imported (`from torch.cuda.amp import autocast, GradScaler`).
 
+    Left alone: the old-torch branch of a version switch (`if
+    is_torch_version(">=", "2.3"): ... else: torch.cuda.amp.GradScaler()`, a
+    `hasattr` test, an `except` handler), type checks and annotations
+    (`isinstance(s, GradScaler)`, `scaler: GradScaler`), identity tests
+    (`func is torch.cuda.amp.autocast`), and projects whose configured
+    `target-version` is older than 2.4, where this API is not deprecated yet.
+
     ## Why is this bad?
     Since PyTorch 2.4 each of them emits
     `FutureWarning: torch.cuda.amp.autocast(args...) is deprecated. Please use
