@@ -2,7 +2,7 @@
 subsets of PyTorch's sources, as a table and a log-log plot (benchmarks/check_scaling.png).
 
     benchmarks/.venv/bin/python benchmarks/bench_check_scaling.py [--tree PATH] [--runs 3]
-        [--fractions 1/64,1/16,1/4] [--torchfix-up-to 1/4] [--write]
+        [--fractions 1/64,1/16,1/4] [--torchfix-up-to 1/8] [--write]
 
 The subsets are nested: the tree's .py files are shuffled once with a fixed seed and each
 subset is the shortest prefix holding the given fraction of the tree's lines, so every
@@ -211,7 +211,7 @@ def report(subsets: list[Subset], skipped: dict[str, str], tree: Path, runs: int
     )
     lines = [
         "`benchmarks/bench_check_scaling.py` runs each tool as its own process on nested "
-        f"random subsets of `{tree.name}/` ({tree}), the same files named on the command "
+        f"random subsets of `{shown(tree)}`, the same files named on the command "
         "line for every tool, one core each (`-j1`, ruff with `RAYON_NUM_THREADS=1`). "
         f"CPU seconds (user+sys of the child), median of {runs} interleaved runs after an "
         "untimed warm-up; TorchFix once. In brackets: x the bare `ast.parse` of the same "
@@ -229,6 +229,14 @@ def report(subsets: list[Subset], skipped: dict[str, str], tree: Path, runs: int
     for tool, why in skipped.items():
         lines += ["", f"{tool}: {why}."]
     return "\n".join(lines)
+
+
+def shown(path: Path) -> str:
+    """The path relative to the repository when it is inside it (the README is shared)."""
+    try:
+        return str(path.relative_to(HERE.parent))
+    except ValueError:
+        return str(path)
 
 
 def parse_fraction(text: str) -> Fraction:
@@ -251,8 +259,8 @@ def main() -> int:
     parser.add_argument(
         "--torchfix-up-to",
         type=parse_fraction,
-        default=Fraction(1, 16),
-        help="largest subset TorchFix runs on (about 1 ms of CPU per line: default 1/16)",
+        default=Fraction(1, 8),
+        help="largest subset TorchFix runs on (about 1 ms of CPU per line: default 1/8)",
     )
     parser.add_argument("--write", action="store_true", help="update benchmarks/README.md")
     args = parser.parse_args()

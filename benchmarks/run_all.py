@@ -19,7 +19,7 @@ Each script writes its own section of the README (between `<!-- begin: NAME -->`
 recorded by this runner. Everything else in the README - the hand-judged precision
 sections of the rule authors in particular - is kept verbatim. A step that fails is
 reported in the header and the run goes on. Steps (for --only/--skip), in order:
-to_device, guard, simulate, check, scaling, device_rules, rules.
+to_device, guard, simulate, check, scaling, device_rules, training_rules, rules.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _peers, _readme: run as a script
 import _peers
-from _readme import write_section
+from _readme import README, write_section
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -64,6 +64,9 @@ class StepResult:
     status: str = "not run"
     seconds: float = 0.0
     output: str = ""
+    started: datetime.datetime = field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc)
+    )
 
 
 @dataclass
@@ -194,8 +197,26 @@ def versions(run: Run) -> dict[str, str]:
     return found
 
 
+_STEP_ROW = re.compile(r"^\| (?P<name>\w+) \| (?P<date>\d{4}-\d\d-\d\d \d\d:\d\d) \|.*$", re.M)
+
+
+def previous_step_rows() -> dict[str, str]:
+    """The header's step table as the README has it: a run of some steps keeps the others."""
+    if not README.exists():
+        return {}
+    text = README.read_text(encoding="utf-8")
+    start, end = text.find("<!-- begin: header -->"), text.find("<!-- end: header -->")
+    if start < 0 or end < start:
+        return {}
+    return {m["name"]: m[0] for m in _STEP_ROW.finditer(text[start:end])}
+
+
 def write_header(run: Run, final: bool) -> None:
     load = ", ".join(f"{x:.2f}" for x in run.load)
+    rows = previous_step_rows()
+    for r in run.results:
+        when = f"{r.started:%Y-%m-%d %H:%M}"
+        rows[r.name] = f"| {r.name} | {when} | `{r.command}` | {r.status} | {r.seconds / 60:.1f} |"
     lines = [
         "`make bench` (`benchmarks/run_all.py`) runs every comparison below in one go and "
         "rewrites the generated sections of this file; hand-written sections (the rule "
@@ -203,36 +224,27 @@ def write_header(run: Run, final: bool) -> None:
         "be run alone (its docstring says how). Ratios are always measured side by side in "
         "one run; timings are medians of several repetitions.",
         "",
-        f"Run started {run.started:%Y-%m-%d %H:%M} UTC.",
+        f"Last run started {run.started:%Y-%m-%d %H:%M} UTC"
+        + (" (still running)." if not final else "."),
         "",
         "| machine | |",
         "|---|---|",
         *(f"| {key} | {value} |" for key, value in machine().items()),
-        f"| load average at start (1, 5, 15 min) | {load} |",
+        f"| load average at the start of the last run (1, 5, 15 min) | {load} |",
         "",
         "| tool | version |",
         "|---|---|",
         *(f"| {key} | {value} |" for key, value in versions(run).items()),
         "",
+        "| step | run (UTC) | command | result | minutes |",
+        "|---|---|---|---|---:|",
+        *(rows[name] for name in STEPS if name in rows),
+        "",
+        "The machine is a shared 2-core development box: other jobs ran during the "
+        "benchmarks, so timings are CPU time where the scripts can measure it (which waiting "
+        "for a core does not inflate), and absolute numbers are slower than on an idle "
+        "machine; the ratios are what count.",
     ]
-    if final:
-        lines += [
-            "| step | command | result | minutes |",
-            "|---|---|---|---:|",
-            *(
-                f"| {r.name} | `{r.command}` | {r.status} | {r.seconds / 60:.1f} |"
-                for r in run.results
-            ),
-        ]
-        lines.append("")
-        lines.append(
-            "The machine is a shared 2-core development box: other jobs ran during the "
-            "benchmarks, so timings are CPU time where the scripts can measure it (which "
-            "waiting for a core does not inflate), and absolute numbers are slower than on "
-            "an idle machine; the ratios are what count."
-        )
-    else:
-        lines.append("(run in progress)")
     write_section("header", "\n".join(lines), first=True)
 
 
@@ -526,10 +538,36 @@ def device_rules_section(result: StepResult) -> str:
     return "\n".join(lines)
 
 
+def training_rules_section(result: StepResult) -> str:
+    """bench_training_rules.py prints a few lines per tree: keep them as they are."""
+    output = result.output.strip().replace(str(ROOT) + "/", "")
+    return "\n".join(
+        [
+            "`benchmarks/bench_training_rules.py` (the training-loop rules' author's profile) "
+            "parses every file of the torch tree once, then times in the same process the CPU "
+            "time the 15 training-loop rules (TD2xx-TD6xx) add together, and each alone. Run "
+            f"by `make bench` as `{result.command}`:",
+            "",
+            "```text",
+            output,
+            "```",
+        ]
+    )
+
+
 # --------------------------------------------------------------------------- main
 
 
-STEPS = ("to_device", "guard", "simulate", "check", "scaling", "device_rules", "rules")
+STEPS = (
+    "to_device",
+    "guard",
+    "simulate",
+    "check",
+    "scaling",
+    "device_rules",
+    "training_rules",
+    "rules",
+)
 PEER_STEPS = ("to_device", "scaling")  # need benchmarks/.venv
 
 
@@ -555,6 +593,10 @@ def commands(args: argparse.Namespace, check_writes: bool) -> dict[str, list[str
         ],
         "device_rules": [
             PYTHON, f"{here}/bench_device_rules.py", "speed", "--runs", runs, *small_tree
+        ],
+        "training_rules": [
+            PYTHON, f"{here}/bench_training_rules.py",
+            str(ROOT / "src") if quick else str(torch_tree()),
         ],
         "scaling": [
             peer, f"{here}/bench_check_scaling.py", "--write", "--tree", str(torch_tree()),
@@ -606,6 +648,9 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "device_rules":
             heading = "Device rules: engine and rule cost"
             write_section("device-rules-speed", device_rules_section(result), heading=heading)
+        elif name == "training_rules":
+            heading = "Training-loop rules: cost"
+            write_section("training-rules-cost", training_rules_section(result), heading=heading)
     write_header(run, final=True)
     print("\n" + "\n".join(f"{r.name}: {r.status} ({r.seconds / 60:.1f} min)" for r in run.results))
     return 0 if all(r.status == "ok" for r in run.results) else 1
