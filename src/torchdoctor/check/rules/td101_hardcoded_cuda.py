@@ -143,8 +143,12 @@ class HardcodedCuda(Rule):
       that does), and in functions feeding `torch.distributed` collectives or
       `DistributedDataParallel(..., device_ids=[rank])`, whose tensors must be on
       the process group's GPU;
+    - in files that import a GPU-only package on first use (`global
+      transformer_engine` then `import transformer_engine` in a function);
     - for default values (`def run(device="cuda")`, a dataclass field),
-      f-strings (`f"cuda:{rank}"`), fake tensors, and `autocast("cuda")` /
+      f-strings (`f"cuda:{rank}"`) and GPUs indexed by the process's rank
+      (`.cuda(rank)`, `torch.device("cuda", local_rank)`: one GPU per process
+      of a distributed job), fake tensors, and `autocast("cuda")` /
       `GradScaler("cuda")`, which only warn without a GPU.
 
     ## Why is this bad?
@@ -212,7 +216,7 @@ class HardcodedCuda(Rule):
     def _check_call(self, call: ast.Call) -> tuple[ast.AST | None, str]:
         func = call.func
         if isinstance(func, ast.Attribute) and func.attr == "cuda":
-            if self.ctx.qualname(func.value) == "torch":
+            if self.ctx.qualname(func.value) == "torch" or _per_rank(call.args):
                 return None, ""
             receiver = _short(self.ctx.segment(func.value))
             return call, (
@@ -233,7 +237,7 @@ class HardcodedCuda(Rule):
         name = self.ctx.call_name(call)
         if name in ("torch.device", "torch.set_default_device"):
             device = call.args[0] if call.args else _keyword(call, "type")
-            if _is_cuda_literal(device):
+            if _is_cuda_literal(device) and not _per_rank(call.args[1:]):
                 return call, (
                     f"`{name}({_short(self.ctx.segment(device))})` names a CUDA GPU "  # type: ignore[arg-type]
                     "with no CPU fallback; this fails on a machine without one"
@@ -486,7 +490,40 @@ def _imports_cuda_only_package(tree: ast.Module) -> bool:
             continue
         if any(name.split(".", 1)[0] in _CUDA_ONLY_PACKAGES for name in names):
             return True
+    return _imports_cuda_only_package_lazily(tree)
+
+
+def _imports_cuda_only_package_lazily(tree: ast.Module) -> bool:
+    """`global transformer_engine` then `import transformer_engine` in a function: a
+    module-level name the file needs, imported on first use."""
+    for function in tree.body:
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        declared = {
+            name
+            for stmt in function.body
+            if isinstance(stmt, ast.Global)
+            for name in stmt.names
+            if name.split(".", 1)[0] in _CUDA_ONLY_PACKAGES
+        }
+        if declared and any(
+            isinstance(sub, ast.Import)
+            and any(a.name.split(".", 1)[0] in declared for a in sub.names)
+            for sub in ast.walk(function)
+        ):
+            return True
     return False
+
+
+def _per_rank(args: list[ast.expr]) -> bool:
+    """`.cuda(rank)`, `torch.device("cuda", local_rank)`: one GPU per process of a
+    distributed job, chosen on purpose (like `f"cuda:{rank}"`)."""
+    return any(
+        "rank" in (node.id if isinstance(node, ast.Name) else node.attr).lower()
+        for arg in args
+        for node in ast.walk(arg)
+        if isinstance(node, ast.Name | ast.Attribute)
+    )
 
 
 def _is_cuda_literal(node: ast.AST | None) -> bool:

@@ -34,8 +34,10 @@ class DirectForwardCall(Rule):
     `Base.forward(self, x)` inside a subclass, `self.forward(...)` inside the
     class's own methods, `MyFunction.forward(ctx, ...)` of an autograd Function,
     `forward` functions of compiled extension modules (`my_ext_cuda.forward`),
-    and methods of RPC proxies (`rref.rpc_sync().forward(x)`,
-    `remote_module.forward(x)`), which have no `__call__`.
+    methods of RPC proxies (`rref.rpc_sync().forward(x)`,
+    `remote_module.forward(x)`), which have no `__call__`, and `net.forward()`
+    with no argument at all: OpenCV DNN and TensorFlow nets run on an input set
+    beforehand (`net.setInput(blob)`), a module's forward takes its input.
 
     ## Why is this bad?
     `model(x)` runs `Module.__call__`, which runs the registered forward
@@ -77,6 +79,8 @@ class DirectForwardCall(Rule):
         func = node.func
         if not isinstance(func, ast.Attribute) or func.attr != "forward":
             return
+        if not node.args and not node.keywords:
+            return  # OpenCV / TensorFlow nets run `net.forward()` on a set input; modules take one
         receiver = func.value
         if (
             not self._torch_file()

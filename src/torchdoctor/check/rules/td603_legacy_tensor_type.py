@@ -45,7 +45,10 @@ class LegacyTensorType(Rule):
 
     A constructor given one piece of data (`torch.LongTensor([1, 2])`,
     `torch.FloatTensor(array)`) only copies it, and one filled at once
-    (`torch.FloatTensor(1, n).zero_()`) is initialised: old style, but it works,
+    (`torch.FloatTensor(1, n).zero_()`, or stored and then filled by the same
+    function or class: `self.v = nn.Parameter(torch.FloatTensor(1, n))` with
+    `nn.init.uniform_(self.v)`, `emb = torch.FloatTensor(n, d)` with
+    `init_embedding(emb)`) is initialised: old style, but it works,
     and well-kept code (fairseq, PyTorch's own ONNX exporter) uses it hundreds
     of times, so both are left alone, as are bindings that choose the device
     (`Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`), type
@@ -147,9 +150,46 @@ class LegacyTensorType(Rule):
         return False
 
     def _initialised(self, call: ast.Call) -> bool:
-        """`torch.FloatTensor(1, n).zero_()`: filled right away, like `torch.zeros`."""
+        """`torch.FloatTensor(1, n).zero_()`: filled right away, like `torch.zeros`; or
+        bound to a name that the function (the class, for `self.` attributes) fills:
+        `nn.init.uniform_(self.v)`, `init_embedding(emb)`, `lat = lat.to(d).zero_()`."""
         parent = self.ctx.stack[-1] if self.ctx.stack else None
-        return isinstance(parent, ast.Attribute) and parent.attr in _INITIALISERS
+        if isinstance(parent, ast.Attribute) and parent.attr in _INITIALISERS:
+            return True
+        target = self._bound_to()
+        if target is None:
+            return False
+        scope: ast.AST | None = None
+        if target.startswith("self."):
+            scope = self.ctx.enclosing_class()
+        scope = scope or self.ctx.enclosing_function()
+        text = self.ctx.segment(scope) if scope is not None else self.ctx.source
+        name = rf"(?<![\w.]){re.escape(target)}\b"
+        filled = rf"init[\w.]*\(\s*{name}|{name}(\.\w+\([^()]*\))*\.({'|'.join(_INITIALISERS)})\("
+        return re.search(filled, text) is not None
+
+    def _bound_to(self) -> str | None:
+        """The name or attribute the constructor's tensor is stored in: `x = T(...)`,
+        `self.v = nn.Parameter(T(...))`, `params.append(nn.Parameter(T(...)))`."""
+        stack = self.ctx.stack
+        depth = len(stack) - 1
+        if depth >= 0 and isinstance(stack[depth], ast.Call):
+            wrapper = stack[depth]
+            assert isinstance(wrapper, ast.Call)
+            if (self.ctx.call_name(wrapper) or "").endswith("Parameter"):
+                depth -= 1
+        holder = stack[depth] if depth >= 0 else None
+        if isinstance(holder, ast.Assign) and len(holder.targets) == 1:
+            target = holder.targets[0]
+            if isinstance(target, ast.Name | ast.Attribute):
+                return self.ctx.segment(target)
+        if (
+            isinstance(holder, ast.Call)
+            and isinstance(holder.func, ast.Attribute)
+            and holder.func.attr == "append"
+        ):
+            return self.ctx.segment(holder.func.value)
+        return None
 
     def _expects_error(self) -> bool:
         """Inside `with pytest.raises(...)` / `self.assertRaises(...)`."""
