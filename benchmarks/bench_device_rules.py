@@ -115,8 +115,9 @@ def python_lines(root: Path, skip: str | None) -> int:
     return total
 
 
-def precision(roots: list[Path]) -> None:
-    rules = DEVICE_RULES.split(",")
+def precision(roots: list[Path], selected: str = DEVICE_RULES) -> None:
+    """Per-root lines and findings of the `selected` rules (comma-separated codes)."""
+    rules = selected.split(",")
     totals: Counter[str] = Counter()
     total_lines = 0
     print("| corpus | lines | " + " | ".join(rules) + " |")
@@ -126,7 +127,7 @@ def precision(roots: list[Path]) -> None:
         # the standard library's folder holds site-packages: not part of the corpus
         skip = "site-packages" if root == STDLIB else None
         cmd = [str(BIN / "torchdoctor"), "check", "--isolated", "--no-cache", "--exit-zero"]
-        cmd += ["--exclude", skip or "", "--select", DEVICE_RULES, "--format", "json"]
+        cmd += ["--exclude", skip or "", "--select", selected, "--format", "json"]
         out = subprocess.run([*cmd, str(root)], capture_output=True, text=True, check=False)
         try:
             found = [f for f in json.loads(out.stdout or "[]") if f["code"] in rules]
