@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ast
 import bisect
+import functools
+import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from torchdoctor.check.rule import Edit, Finding, Fix, FixAvailability
@@ -58,6 +60,79 @@ def child_statements(stmt: ast.stmt) -> list[ast.stmt]:
     for holder in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
         children.extend(holder.body)
     return children
+
+
+# -- fast tree walks -------------------------------------------------------------
+# Fields that never hold a node: names, numbers, flags.
+_SCALAR_FIELDS = frozenset(
+    {"id", "attr", "name", "asname", "arg", "module", "level", "kind", "conversion"}
+    | {"is_async", "simple", "type_comment", "tag", "n", "s", "rest", "kwd_attrs"}
+)
+OPERATOR_TYPES = tuple(
+    cls
+    for cls in vars(ast).values()
+    if isinstance(cls, type)
+    and issubclass(cls, ast.expr_context | ast.operator | ast.unaryop | ast.cmpop | ast.boolop)
+)
+_OPERATOR_FIELDS = frozenset({"ctx", "op", "ops"})
+
+
+@functools.cache
+def child_fields(*, want_operators: bool) -> dict[type[ast.AST], tuple[str, ...]]:
+    """Node class -> the fields that may hold child nodes worth walking into.
+
+    Operators and contexts (`Load`, `Add`, `Eq`) are skipped unless a rule visits them.
+    """
+    table: dict[type[ast.AST], tuple[str, ...]] = {}
+    for cls in vars(ast).values():
+        if not (isinstance(cls, type) and issubclass(cls, ast.AST)):
+            continue
+        fields = tuple(
+            f
+            for f in cls._fields
+            if f not in _SCALAR_FIELDS and (want_operators or f not in _OPERATOR_FIELDS)
+        )
+        table[cls] = () if issubclass(cls, ast.Constant) else fields
+    return table
+
+
+def iter_children(node: ast.AST) -> list[ast.AST]:
+    """`ast.iter_child_nodes(node)` as a list, same nodes in the same order, faster."""
+    fields = child_fields(want_operators=True).get(node.__class__)
+    if fields is None:
+        return list(ast.iter_child_nodes(node))
+    children: list[ast.AST] = []
+    for name in fields:
+        value = getattr(node, name, None)
+        if value.__class__ is list:
+            children.extend(item for item in value if isinstance(item, ast.AST))
+        elif isinstance(value, ast.AST):
+            children.append(value)
+    return children
+
+
+def walk(node: ast.AST) -> Iterator[ast.AST]:
+    """`ast.walk(node)`: the same nodes in the same (breadth-first) order, faster."""
+    table = child_fields(want_operators=True)
+    todo = [node]
+    for current in todo:  # the list grows while it is read: breadth first
+        yield current
+        cls = current.__class__
+        fields = table.get(cls)
+        if fields is None or cls in _LISTS_WITH_NON_NODES:
+            todo.extend(ast.iter_child_nodes(current))
+            continue
+        for name in fields:
+            value = getattr(current, name, None)
+            if value.__class__ is list:
+                todo.extend(value)  # these lists hold only nodes
+            elif isinstance(value, ast.AST):
+                todo.append(value)
+
+
+# Node classes with a list field that may hold None or strings (`{**d}` keys, keyword-only
+# arguments without a default, `global x`)
+_LISTS_WITH_NON_NODES = frozenset({ast.Dict, ast.arguments, ast.Global, ast.Nonlocal})
 
 
 class FileContext:
@@ -164,13 +239,18 @@ class FileContext:
     def lines(self) -> list[str]:
         """Source lines without their line endings (index 0 is line 1)."""
         if self._lines is None:
-            self._lines = _NEWLINE.split(self.source)
+            source = self.source
+            self._lines = source.split("\n") if "\r" not in source else _NEWLINE.split(source)
         return self._lines
 
     def _starts(self) -> list[int]:
         if self._line_starts is None:
-            starts = [0]
-            starts.extend(m.end() for m in _NEWLINE.finditer(self.source))
+            if "\r" in self.source:
+                starts = [0]
+                starts.extend(m.end() for m in _NEWLINE.finditer(self.source))
+            else:  # the common case, without a Python-level loop: 1 + len(line) each
+                sizes = map(len, self.lines[:-1])
+                starts = list(itertools.accumulate(map((1).__add__, sizes), initial=0))
             self._line_starts = starts
         return self._line_starts
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import functools
 import io
 import re
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.config import Settings
-from torchdoctor.check.context import FileContext
+from torchdoctor.check.context import OPERATOR_TYPES, FileContext, child_fields
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
@@ -171,7 +170,7 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
         )
 
     stack = ctx.stack
-    fields_of = _child_fields(want_operators=any(t in _OPERATOR_TYPES for t in dispatch))
+    fields_of = child_fields(want_operators=any(t in OPERATOR_TYPES for t in dispatch))
     # Nodes with no children and no visitor (names, constants, contexts) are not entered.
     skip = {cls for cls, fields in fields_of.items() if not fields} - dispatch.keys()
 
@@ -236,39 +235,6 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
                 fail(rule, exc, None)
     finally:
         sys.setrecursionlimit(limit)
-
-
-# Fields that never hold a node: names, numbers, flags.
-_SCALAR_FIELDS = frozenset(
-    {"id", "attr", "name", "asname", "arg", "module", "level", "kind", "conversion"}
-    | {"is_async", "simple", "type_comment", "tag", "n", "s", "rest", "kwd_attrs"}
-)
-_OPERATOR_TYPES = tuple(
-    cls
-    for cls in vars(ast).values()
-    if isinstance(cls, type)
-    and issubclass(cls, ast.expr_context | ast.operator | ast.unaryop | ast.cmpop | ast.boolop)
-)
-_OPERATOR_FIELDS = frozenset({"ctx", "op", "ops"})
-
-
-@functools.cache
-def _child_fields(*, want_operators: bool) -> dict[type[ast.AST], tuple[str, ...]]:
-    """Node class -> the fields that may hold child nodes worth walking into.
-
-    Operators and contexts (`Load`, `Add`, `Eq`) are skipped unless a rule visits them.
-    """
-    table: dict[type[ast.AST], tuple[str, ...]] = {}
-    for cls in vars(ast).values():
-        if not (isinstance(cls, type) and issubclass(cls, ast.AST)):
-            continue
-        fields = tuple(
-            f
-            for f in cls._fields
-            if f not in _SCALAR_FIELDS and (want_operators or f not in _OPERATOR_FIELDS)
-        )
-        table[cls] = () if issubclass(cls, ast.Constant) else fields
-    return table
 
 
 # -- suppression ----------------------------------------------------------------------

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.context import child_statements
+from torchdoctor.check.context import child_statements, iter_children, walk
 from torchdoctor.check.project import KNOWN_MODULE_BASES
 
 if TYPE_CHECKING:
@@ -963,7 +963,7 @@ class FileFlow:
         names = self._toplevel_functions.keys() | self._classes.keys()
         uses: dict[str, list[tuple[int, bool]] | None] = {}
         called: set[int] = set()
-        for node in ast.walk(self.ctx.tree):  # breadth first: a call before its callee
+        for node in walk(self.ctx.tree):  # breadth first: a call before its callee
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 if node.func.id in names:
                     found = uses.setdefault(node.func.id, [])
@@ -1336,7 +1336,7 @@ class ScopeFlow:
 
     def _exec_other(self, stmt: ast.stmt) -> None:
         # statements with no effect on the facts we keep; still evaluate their expressions
-        for child in ast.iter_child_nodes(stmt):
+        for child in iter_children(stmt):
             if isinstance(child, ast.expr):
                 self.eval(child)
 
@@ -1557,7 +1557,7 @@ class ScopeFlow:
         result: Env | None = dict(before)  # no case may match
         for case in stmt.cases:  # type: ignore[attr-defined]
             self.env = dict(before)
-            for node in ast.walk(case.pattern):
+            for node in walk(case.pattern):
                 name = getattr(node, "name", None)
                 if isinstance(name, str):
                     self._set(name, UNKNOWN)
@@ -1612,7 +1612,7 @@ class ScopeFlow:
     def eval(self, node: ast.expr) -> Value:
         handler = _EXPRESSIONS.get(type(node))
         if handler is None:
-            for child in ast.iter_child_nodes(node):
+            for child in iter_children(node):
                 if isinstance(child, ast.expr):
                     self.eval(child)
             value = UNKNOWN
@@ -2680,7 +2680,7 @@ class ScopeFlow:
         """Mark each `model` whose `model.parameters()` feeds this optimizer."""
         if self.env is None:
             return
-        for sub in ast.walk(node):
+        for sub in walk(node):
             if (
                 isinstance(sub, ast.Call)
                 and isinstance(sub.func, ast.Attribute)
@@ -2792,7 +2792,7 @@ def _weaken(head: Env, entry: Env) -> Env:
 
 
 def _target_names(target: ast.expr) -> Iterator[str]:
-    for node in ast.walk(target):
+    for node in walk(target):
         if isinstance(node, ast.Name):
             yield node.id
 
@@ -2855,7 +2855,7 @@ def _local_names(func: AnyFunction) -> frozenset[str]:
             name = getattr(node, "name", None)
             if isinstance(name, str) and type(node).__name__.startswith("Match"):
                 names.add(name)
-        todo.extend(ast.iter_child_nodes(node))
+        todo.extend(iter_children(node))
     return frozenset(names - declared_global)
 
 

@@ -23,13 +23,14 @@ mentions what the asking rule needs.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from torchdoctor.check.context import FileContext
+from torchdoctor.check.context import FileContext, child_fields, walk
 
 FuncNode = ast.FunctionDef | ast.AsyncFunctionDef
 LoopNode = ast.For | ast.AsyncFor | ast.While
@@ -165,6 +166,19 @@ def is_torch_file(source: str) -> bool:
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+# Identifiers that may be eval-ish / model-ish, one per line: every word of EVAL_WORDS and
+# _EVAL_DATA_WORDS contains one of these pieces, and every name _MODELISH matches one of
+# these (a cheap prefilter, so the word tests run on a few names, not on every one)
+_EVALISH_CANDIDATES = re.compile(
+    r"^.*(?:val|test|predict|infer|generate|dev|no_grad|inference_mode).*$", re.I | re.M
+)
+_MODELISH_CANDIDATES = re.compile(
+    r"^(?:[gd]|.*(?:model|net|classifier|coder|generator|discriminator|critic|actor|backbone"
+    r"|teacher|student).*)$",
+    re.I | re.M,
+)
 
 
 def mentions_evaluation(text: str) -> bool:
@@ -447,19 +461,32 @@ def post_order_calls(node: ast.AST) -> list[ast.Call]:
     Does not enter nested function/class definitions or lambdas.
     """
     out: list[ast.Call] = []
+    table = child_fields(want_operators=False)
+    skip = _skipped_by_post_order()
 
     def visit(n: ast.AST) -> None:
-        for child in ast.iter_child_nodes(n):
-            if isinstance(
-                child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda
-            ):
-                continue
-            visit(child)
-        if isinstance(n, ast.Call):
-            out.append(n)
+        for name in table.get(n.__class__, n._fields):
+            value = getattr(n, name, None)
+            if value.__class__ is list:
+                for child in value:
+                    if child.__class__ not in skip and isinstance(child, ast.AST):
+                        visit(child)
+            elif value.__class__ not in skip and isinstance(value, ast.AST):
+                visit(value)
+        if n.__class__ is ast.Call:
+            out.append(n)  # type: ignore[arg-type]
 
     visit(node)
     return out
+
+
+@functools.cache
+def _skipped_by_post_order() -> frozenset[type]:
+    """Definitions and lambdas (not run here), and leaves (names, constants: no calls)."""
+    leaves = {cls for cls, fields in child_fields(want_operators=False).items() if not fields}
+    return frozenset(
+        leaves | {ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, type(None)}
+    )
 
 
 # -- events ---------------------------------------------------------------------------
@@ -619,7 +646,7 @@ def innermost_common_loop(a: Event, b: Event) -> ast.AST | None:
 
 def modulo_test(test: ast.expr) -> ast.BinOp | None:
     """The `x % k` inside `if (i + 1) % accum == 0:` (k not the literal 1)."""
-    for node in ast.walk(test):
+    for node in walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
             right = node.right
             if isinstance(right, ast.Constant) and (
@@ -650,14 +677,19 @@ class FunctionInfo:
     _locals: set[str] | None = None
     _evaluation: bool | None = None
     _model: bool | None = None
+    _identifiers: frozenset[str] | None = None
 
     @property
     def mentions_evaluation(self) -> bool:
         """Whether an eval-ish name (`validate`, `val_loader`), `no_grad` or
         `inference_mode` occurs in this function (see `mentions_evaluation()`)."""
         if self._evaluation is None:
+            words = self.file.evaluation_words()
             text = self.text
-            self._evaluation = any(w in text for w in self.file.evaluation_words())
+            # a substring test first (cheap), then whole identifiers: `val` is not `value`
+            self._evaluation = any(w in text for w in words) and not self.identifiers().isdisjoint(
+                words
+            )
         return self._evaluation
 
     @property
@@ -665,13 +697,22 @@ class FunctionInfo:
         """Whether the code names something that may be a model (`model`, `self(...)`,
         a name set to eval/train mode or built from a module class in this file)."""
         if self._model is None:
+            words = self.file.model_words()
             text = self.text
-            self._model = "self(" in text or any(w in text for w in self.file.model_words())
+            self._model = "self(" in text or (
+                any(w in text for w in words) and not self.identifiers().isdisjoint(words)
+            )
         return self._model
 
     @property
     def is_module(self) -> bool:
         return isinstance(self.node, ast.Module)
+
+    def identifiers(self) -> frozenset[str]:
+        """Every identifier in this function's text (one regex scan, cached)."""
+        if self._identifiers is None:
+            self._identifiers = frozenset(_IDENTIFIER.findall(self.text))
+        return self._identifiers
 
     @property
     def body(self) -> list[ast.stmt]:
@@ -735,7 +776,7 @@ class FunctionInfo:
             found = set(self.params()) | set(self.keyword_params())
             for stmt in self.own_statements():
                 for target in _bound_targets(stmt):
-                    for n in ast.walk(target):
+                    for n in walk(target):
                         if isinstance(n, ast.Name):
                             found.add(n.id)
             self._locals = found
@@ -793,9 +834,9 @@ class FileLoops:
     def _index(
         self, stmts: list[ast.stmt], cls: ast.ClassDef | None, parent: FunctionInfo | None
     ) -> None:
-        todo = list(stmts)
+        todo = list(reversed(stmts))  # a stack: statements come off in source order
         while todo:
-            stmt = todo.pop(0)
+            stmt = todo.pop()
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
                 info = FunctionInfo(self, stmt, stmt.name, cls, parent)
                 self.functions.append(info)
@@ -811,7 +852,7 @@ class FileLoops:
                     self.classes.setdefault(stmt.name, stmt)
                 self._index(stmt.body, stmt, None)
             else:
-                todo[0:0] = _children(stmt)
+                todo.extend(reversed(_children(stmt)))
 
     def all_functions(self) -> list[FunctionInfo]:
         return [self.module, *self.functions]
@@ -859,7 +900,7 @@ class FileLoops:
             if is_torch_file(self.ctx.source):
                 found = [
                     w
-                    for w in self.words()
+                    for w in _EVALISH_CANDIDATES.findall("\n".join(self.words()))
                     if w in ("no_grad", "inference_mode") or _evalish_identifier(w)
                 ]
             self._evaluation_words = found
@@ -869,7 +910,10 @@ class FileLoops:
         """The identifiers of the file that may name a model."""
         if self._model_words is None:
             roots = self.model_roots()
-            self._model_words = [w for w in self.words() if w in roots or _modelish_word(w)]
+            words = self.words()
+            candidates = _MODELISH_CANDIDATES.findall("\n".join(words))
+            self._model_words = [w for w in candidates if _modelish_word(w)]
+            self._model_words += [w for w in roots & words if w not in self._model_words]
         return self._model_words
 
     def model_roots(self) -> frozenset[str]:
@@ -936,7 +980,7 @@ class FileLoops:
                             key = dotted(stmt.targets[0])
                             if key and any(
                                 isinstance(n, ast.Call) and is_autocast_call(self.ctx, n)
-                                for n in ast.walk(stmt.value)
+                                for n in walk(stmt.value)
                             ):
                                 found.add(key)
             self._autocast_names = frozenset(found)
@@ -1010,7 +1054,7 @@ class FileLoops:
                 return True
             if sub is None:
                 verdict = None
-        for node in ast.walk(cls):
+        for node in walk(cls):
             if not isinstance(node, ast.Call):
                 continue
             cname = owner.ctx.qualname(node.func) or ""
@@ -1024,7 +1068,7 @@ class FileLoops:
                 last in owner.ctx.project.module_classes or last not in owner.classes
             ):
                 verdict = None  # an imported or unseen layer: it may have Dropout
-        for node in ast.walk(cls):
+        for node in walk(cls):
             # self.backbone = resnet18(): a module from a factory we cannot see
             if (
                 isinstance(node, ast.Assign)

@@ -10,7 +10,7 @@ import ast
 import re
 
 from torchdoctor.check import flow
-from torchdoctor.check.context import FileContext
+from torchdoctor.check.context import FileContext, iter_children, walk
 from torchdoctor.check.loops import FileLoops, FunctionInfo, analysis, dotted, sibling_file
 
 SOFTMAX = "softmax"
@@ -103,7 +103,7 @@ def _shallow_calls(stmt: ast.stmt) -> list[ast.Call]:
             continue
         if isinstance(node, ast.Call):
             out.append(node)
-        todo.extend(ast.iter_child_nodes(node))
+        todo.extend(iter_children(node))
     return out
 
 
@@ -276,7 +276,7 @@ def _last_assignment(fi: FunctionInfo, name: str, line: int) -> ast.expr | None:
             targets = [stmt.target]
         elif isinstance(stmt, ast.With):
             targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
-        binds = any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t))
+        binds = any(isinstance(n, ast.Name) and n.id == name for t in targets for n in walk(t))
         if binds and (last is None or stmt.lineno >= last.lineno):
             last = stmt
     if (

@@ -5,6 +5,7 @@ import re
 from typing import ClassVar
 
 from torchdoctor.check import flow
+from torchdoctor.check.context import walk
 from torchdoctor.check.flow import Kind, Move, Place, ScopeFlow
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
@@ -118,7 +119,7 @@ class DiscardedTo(Rule):
 
     def _expects_error(self, scope: ScopeFlow, call: ast.Call) -> bool:
         """Inside `with self.assertRaises(...)` / `pytest.raises(...)`."""
-        for node in ast.walk(scope.node):
+        for node in walk(scope.node):
             if isinstance(node, ast.With | ast.AsyncWith):
                 names = [self.ctx.segment(item.context_expr) for item in node.items]
                 if any(w in n for n in names for w in _EXPECTS_ERROR):

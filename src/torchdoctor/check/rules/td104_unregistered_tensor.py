@@ -5,6 +5,7 @@ import re
 from typing import ClassVar
 
 from torchdoctor.check import flow
+from torchdoctor.check.context import walk
 from torchdoctor.check.flow import AnyFunction, FileFlow, Kind, Place, ScopeFlow, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
@@ -84,7 +85,7 @@ class UnregisteredTensor(Rule):
         if "*" in assigned_elsewhere:
             return
         seen: set[str] = set()
-        for stmt in ast.walk(init):
+        for stmt in walk(init):
             if not isinstance(stmt, ast.Assign | ast.AnnAssign) or stmt.value is None:
                 continue
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]

@@ -5,6 +5,7 @@ import re
 from typing import ClassVar
 
 from torchdoctor.check import flow
+from torchdoctor.check.context import walk
 from torchdoctor.check.flow import AnyFunction, FileFlow, Kind, ScopeFlow, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
@@ -75,7 +76,7 @@ class PlainModuleContainer(Rule):
             return
         class_text = ff.text(cls)
         seen: set[str] = set()
-        for stmt in ast.walk(init):
+        for stmt in walk(init):
             if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
                 continue
             target = stmt.targets[0]

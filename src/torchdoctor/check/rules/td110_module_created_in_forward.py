@@ -4,6 +4,7 @@ import ast
 from typing import ClassVar
 
 from torchdoctor.check import flow
+from torchdoctor.check.context import iter_children, walk
 from torchdoctor.check.flow import PARAMETRISED_LAYERS
 from torchdoctor.check.rule import Rule, Severity
 
@@ -75,18 +76,18 @@ class ModuleCreatedInForward(Rule):
                 isinstance(t, ast.Attribute | ast.Subscript)
                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
             ):
-                stored.update(ast.walk(node))
+                stored.update(walk(node))
             if isinstance(node, ast.Call):
                 name = self.ctx.call_name(node) or ""
                 if name in ("setattr",) or name.endswith((".add_module", ".register_module")):
-                    stored.update(ast.walk(node))
+                    stored.update(walk(node))
                 elif (
                     name.startswith("torch.nn.")
                     and name.count(".") == 2
                     and name.rsplit(".", 1)[-1] in PARAMETRISED_LAYERS
                 ):
                     calls.append(node)
-            todo.extend(ast.iter_child_nodes(node))
+            todo.extend(iter_children(node))
         for call in sorted(calls, key=lambda c: (c.lineno, c.col_offset)):
             if call in stored:
                 continue

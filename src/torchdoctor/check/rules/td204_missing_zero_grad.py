@@ -4,6 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.context import walk
 from torchdoctor.check.loops import (
     BACKWARD,
     CALL,
@@ -163,7 +164,7 @@ class MissingZeroGrad(Rule):
         return any(
             isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
             and mentions_zeroing(self.ctx.segment(node))
-            for node in ast.walk(loop)
+            for node in walk(loop)
         )
 
 

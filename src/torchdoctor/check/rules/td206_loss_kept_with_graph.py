@@ -5,6 +5,7 @@ import re
 from typing import ClassVar
 
 from torchdoctor.check import flow
+from torchdoctor.check.context import walk
 from torchdoctor.check.loops import BACKWARD, Event, FunctionInfo, analysis, dotted, is_torch_file
 from torchdoctor.check.rule import Fix, FixAvailability, Rule, Severity
 
@@ -182,7 +183,7 @@ def _backward_names(events: list[Event]) -> set[str]:
 def _parts_of(loop: ast.AST, graph: set[str]) -> set[str]:
     """Names added up into a backward()ed name in the loop: `loss = l1 + l2` -> l1, l2."""
     found: set[str] = set()
-    for node in ast.walk(loop):
+    for node in walk(loop):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = dotted(node.targets[0])
             if target in graph and isinstance(node.value, ast.BinOp):
@@ -240,7 +241,7 @@ def _accumulations(loop: ast.AST) -> list[tuple[ast.stmt, str, ast.expr]]:
 
 def _reset_inside(loop: ast.AST, acc: str, stmt: ast.stmt) -> bool:
     """`acc` is (re)bound inside the loop, so it does not outlive an iteration."""
-    for node in ast.walk(loop):
+    for node in walk(loop):
         if (
             isinstance(node, ast.Assign)
             and node is not stmt

@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torchdoctor.check.context import walk
 from torchdoctor.check.loops import (
     FileLoops,
     FunctionInfo,
@@ -265,7 +266,7 @@ class _Walker:
                     if key:
                         targets.append((stmt, key, f"`{self.ctx.segment(stmt)}`"))
         if not isinstance(stmt, ast.If | ast.For | ast.While | ast.Try | ast.Match):
-            for node in ast.walk(stmt):
+            for node in walk(stmt):
                 if (
                     isinstance(node, ast.Call)
                     and isinstance(node.func, ast.Attribute)

@@ -4,6 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.context import walk
 from torchdoctor.check.loops import (
     BACKWARD,
     SCALER_STEP,
@@ -200,11 +201,11 @@ def _statements(stmts: list[ast.stmt]) -> list[ast.stmt]:
 
 
 def _binds(target: ast.expr, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(target))
+    return any(isinstance(n, ast.Name) and n.id == name for n in walk(target))
 
 
 def _has_scaling(expr: ast.AST) -> bool:
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if isinstance(node, ast.BinOp):
             if isinstance(node.op, ast.Div | ast.FloorDiv):
                 return True

@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torchdoctor.check.context import iter_children, walk
 from torchdoctor.check.loops import FunctionInfo, analysis, dotted, is_test_file, last_part
 from torchdoctor.check.rule import Rule, Severity
 
@@ -191,7 +192,7 @@ def _calls_with_parents(fi: FunctionInfo) -> list[tuple[ast.Call, tuple[ast.AST,
     out: list[tuple[ast.Call, tuple[ast.AST, ...]]] = []
 
     def visit(node: ast.AST, parents: tuple[ast.AST, ...]) -> None:
-        for child in ast.iter_child_nodes(node):
+        for child in iter_children(node):
             if isinstance(
                 child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda
             ):
@@ -257,7 +258,7 @@ def _name_saved(fi: FunctionInfo, name: str, after: int) -> bool:
     for stmt in fi.own_statements():
         if stmt.lineno < after or isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        for node in ast.walk(stmt):
+        for node in walk(stmt):
             if _is_save_call(node) and any(
                 pattern.search(ast.unparse(a))
                 for a in node.args  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.context import walk
 from torchdoctor.check.loops import FileLoops, FunctionInfo, analysis, dotted
 from torchdoctor.check.rule import Rule, Severity
 
@@ -127,7 +128,7 @@ def _calls(stmt: ast.stmt) -> list[ast.Call]:
             continue
         for node in value if isinstance(value, list) else [value]:
             if isinstance(node, ast.AST):
-                out.extend(n for n in ast.walk(node) if isinstance(n, ast.Call))
+                out.extend(n for n in walk(node) if isinstance(n, ast.Call))
     return out
 
 

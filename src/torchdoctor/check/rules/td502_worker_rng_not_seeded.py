@@ -4,7 +4,7 @@ import ast
 from dataclasses import dataclass
 from typing import ClassVar
 
-from torchdoctor.check.context import FileContext
+from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.loops import FileLoops, FunctionInfo, analysis, dotted, sibling_file
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules.td501_workers_without_main_guard import is_dataloader, workers_of
@@ -131,7 +131,7 @@ def _shallow_calls(stmt: ast.stmt) -> list[ast.Call]:
             continue
         for node in value if isinstance(value, list) else [value]:
             if isinstance(node, ast.AST):
-                out.extend(n for n in ast.walk(node) if isinstance(n, ast.Call))
+                out.extend(n for n in walk(node) if isinstance(n, ast.Call))
     return out
 
 
@@ -212,7 +212,7 @@ def _shared_rng(fl: FileLoops, cls: ast.ClassDef) -> SharedRng | None:
     if not any(m.name in ("__getitem__", "__iter__", "__getitems__") for m in per_item):
         return None
     for method in per_item:
-        for node in ast.walk(method.node):
+        for node in walk(method.node):
             drawn: ast.expr | None = None
             if isinstance(node, ast.Attribute):
                 drawn = node.value  # self.rng.normal(...)

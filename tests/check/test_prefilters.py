@@ -1,0 +1,29 @@
+"""The cheap prefilters in loops.py must keep every name the full word tests accept."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from torchdoctor.check import loops
+
+
+def _identifiers() -> set[str]:
+    names = set()
+    for path in (Path(__file__).parent / "fixtures").rglob("*.py"):
+        names |= set(re.findall(r"[A-Za-z_]\w*", path.read_text(encoding="utf-8")))
+    for word in loops.EVAL_WORDS | loops._EVAL_DATA_WORDS:
+        names |= {word, word.upper(), f"run_{word}", f"{word.capitalize()}Loader", f"x{word}y"}
+    names |= {"G", "d", "netD", "policy_net", "ResNet50", "model_ema", "MyEncoder", "critic2"}
+    return names
+
+
+def test_prefilters_keep_every_eval_and_model_name() -> None:
+    names = _identifiers()
+    joined = "\n".join(sorted(names))
+    evalish = set(loops._EVALISH_CANDIDATES.findall(joined))
+    modelish = set(loops._MODELISH_CANDIDATES.findall(joined))
+    assert {n for n in names if loops._evalish_identifier(n)} <= evalish
+    assert {n for n in names if loops._modelish_word(n)} <= modelish
+    # and they do filter: most names are neither
+    assert len(evalish | modelish) < len(names) / 2

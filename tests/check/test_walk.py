@@ -1,0 +1,43 @@
+"""context.walk and context.iter_children must equal ast.walk / ast.iter_child_nodes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from torchdoctor.check.context import iter_children, walk
+
+_TRICKY = """
+def f(a, *, b, c=1, **kw):  # a keyword-only argument without a default: None in kw_defaults
+    global g
+    d = {**kw, "x": [i async for i in aiter()]}
+    match a:
+        case {"k": 1, **rest} | Point(x=0, y=_) if rest: pass
+        case None | [1, *_]: pass
+    return lambda q=1: f"{q!r:>{b}}" if not a else (yield from c)
+"""
+
+
+def _sources() -> list[str]:
+    """Real code: this package's own sources and a slice of the standard library."""
+    here = Path(__file__).resolve().parents[2] / "src" / "torchdoctor"
+    stdlib = Path(ast.__file__).parent
+    files = sorted(here.rglob("*.py")) + sorted(stdlib.glob("*.py"))[:60]
+    return [_TRICKY] + [f.read_text(encoding="utf-8") for f in files]
+
+
+@pytest.mark.parametrize("source", [_TRICKY, "x = 1"], ids=["tricky", "tiny"])
+def test_walk_on_tricky_syntax(source: str) -> None:
+    tree = ast.parse(source)
+    assert [id(n) for n in walk(tree)] == [id(n) for n in ast.walk(tree)]
+
+
+def test_walk_and_iter_children_equal_the_ast_module_on_real_code() -> None:
+    for source in _sources():
+        tree = ast.parse(source)
+        nodes = list(ast.walk(tree))
+        assert [id(n) for n in walk(tree)] == [id(n) for n in nodes]
+        for node in nodes:
+            assert iter_children(node) == list(ast.iter_child_nodes(node))
