@@ -160,3 +160,22 @@ def test_cache_lives_beside_the_config_file(td: CLI, project: Path) -> None:
     td("check", "--select", "TD402", "repo/src")
     assert (project / "repo" / ".torchdoctor_cache").is_dir()
     assert not (project / ".torchdoctor_cache").exists()
+
+
+def test_cache_is_redone_when_an_imported_sibling_file_changes(td: CLI, project: Path) -> None:
+    """TD201 reads engine.py to judge train.py: editing only engine.py must redo train.py."""
+    fixtures = Path(__file__).parent / "fixtures" / "TD201_project"
+    for name in ("engine.py", "train.py"):
+        write(project / name, (fixtures / name).read_text(encoding="utf-8"))
+    args = ("check", "--select", "TD201", "-j1", "--format", "concise", "train.py")
+    first = td(*args)
+    assert first.code == 1 and "train.py:12:" in first.out
+    assert td(*args).out == first.out  # from the cache
+
+    engine = project / "engine.py"
+    text = engine.read_text(encoding="utf-8")
+    fixed = text.replace("    total = 0.0\n", "    model.eval()\n    total = 0.0\n", 1)
+    assert fixed != text
+    write(engine, fixed)  # evaluate() now sets eval mode itself
+    after = td(*args)
+    assert after.code == 0, after.out

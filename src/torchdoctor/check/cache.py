@@ -3,7 +3,9 @@
 An entry is reused only when its key matches: the file's bytes, its path, the
 rules run on it, the target torch version, the project index fingerprint, the
 torchdoctor version and the engine's own source files (so editing a rule
-invalidates it). The cache is JSON, never pickle: a cache folder committed to a
+invalidates it); and when none of the other files its findings were computed from
+(sibling modules the training-loop rules read) changed size or modification time.
+The cache is JSON, never pickle: a cache folder committed to a
 repository must not be able to run code.
 """
 
@@ -82,12 +84,20 @@ class ResultCache:
         if not entry or entry.get("key") != key:
             return None
         try:
+            if any(_stamp(dep) != stamp for dep, stamp in entry.get("depends", {}).items()):
+                return None  # a file it imports changed since
             return [_finding_from_json(item) for item in entry["findings"]]
-        except (KeyError, TypeError, ValueError):
+        except (AttributeError, KeyError, TypeError, ValueError):
             return None  # a damaged entry is a miss
 
-    def put(self, path: str, key: str, findings: Sequence[Finding]) -> None:
-        self._entries[path] = {"key": key, "findings": [_finding_to_json(f) for f in findings]}
+    def put(
+        self, path: str, key: str, findings: Sequence[Finding], depends: Sequence[str] = ()
+    ) -> None:
+        """Remember `findings`; `depends` are other files they were computed from."""
+        entry: dict[str, Any] = {"key": key, "findings": [_finding_to_json(f) for f in findings]}
+        if depends:
+            entry["depends"] = {dep: _stamp(dep) for dep in depends}
+        self._entries[path] = entry
         self._changed = True
 
     def save(self) -> None:
@@ -108,6 +118,15 @@ class ResultCache:
         except OSError:
             return
         self._changed = False
+
+
+def _stamp(path: str) -> str:
+    """Size and modification time of a file ("" if it is gone): cheap change detection."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def _finding_to_json(f: Finding) -> dict[str, Any]:

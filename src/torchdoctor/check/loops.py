@@ -23,11 +23,12 @@ mentions what the asking rule needs.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from torchdoctor.check.context import FileContext, child_fields, walk
@@ -1190,6 +1191,22 @@ _SIBLING_LIMIT = 64
 _MAX_SIBLING_BYTES = 400_000
 
 
+# Files read as siblings while checking one file: the results cache keys on them too
+# (see `recording_siblings`); a stack, because nothing stops a caller from nesting.
+_READING: list[set[str]] = []
+
+
+@contextlib.contextmanager
+def recording_siblings() -> Iterator[set[str]]:
+    """Collect the paths of the sibling files analysed inside the `with` block."""
+    found: set[str] = set()
+    _READING.append(found)
+    try:
+        yield found
+    finally:
+        _READING.pop()
+
+
 def sibling_file(ctx: FileContext, module: str) -> FileLoops | None:
     """The analysed file a dotted import names, looked up beside the checked file."""
     level = len(module) - len(module.lstrip("."))
@@ -1212,6 +1229,8 @@ def sibling_file(ctx: FileContext, module: str) -> FileLoops | None:
             if os.path.isfile(candidate):
                 if os.path.abspath(candidate) == os.path.abspath(ctx.path):
                     return None
+                for reading in _READING:
+                    reading.add(os.path.abspath(candidate))
                 return _load_sibling(candidate, ctx)
     return None
 

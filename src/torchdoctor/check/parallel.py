@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from torchdoctor.check.engine import RunOptions, check_text, syntax_error_finding
+from torchdoctor.check.loops import recording_siblings
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rules_by_code
 from torchdoctor.check.rule import Finding
@@ -37,6 +38,8 @@ class Outcome:
     findings: list[Finding]
     text: str  # the text after fixes (== the input when nothing was fixed)
     fixed: int
+    # other files the findings depend on (imported siblings the training-loop rules read)
+    dependencies: tuple[str, ...] = ()
 
 
 def default_jobs() -> int:
@@ -72,8 +75,9 @@ def check_task(task: Task, project: ProjectIndex, options: RunOptions) -> Outcom
     try:
         by_code = rules_by_code()
         rules = [by_code[code] for code in task.rule_codes if code in by_code]
-        findings, text, fixed = check_text(task.text, task.path, rules, project, options)
-        return Outcome(findings, text, fixed)
+        with recording_siblings() as siblings:
+            findings, text, fixed = check_text(task.text, task.path, rules, project, options)
+        return Outcome(findings, text, fixed, tuple(sorted(siblings)))
     except Exception as exc:  # never lose the whole run to one file
         finding = syntax_error_finding(
             f"internal error while checking this file: {type(exc).__name__}: {exc}; "

@@ -139,7 +139,7 @@ def run_check(
                 key = file_key(
                     data, task.path, task.rule_codes, options.target_version, fingerprint
                 )
-            cache.put(task.path, key, outcome.findings)
+            cache.put(task.path, key, outcome.findings, outcome.dependencies)
     if cache is not None:
         cache.save()
     return [r for r in results if r is not None]
