@@ -612,6 +612,7 @@ class FileFlow:
         self._uses: dict[str, list[tuple[int, bool]] | None] = {}
         self._uses_indexed = False
         self._returns: dict[AnyFunction, Value] = {}
+        self._makes_factory: dict[AnyFunction, bool] = {}
         self._module_names: frozenset[str] | None = None
         self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
 
@@ -751,7 +752,7 @@ class FileFlow:
         found = self._returns.get(func)
         if found is None:
             found = UNKNOWN
-            if returns_factory(self.text(func)):
+            if self.may_return_factory(func):
                 # no seeds: a factory's result does not depend on them, and seeding
                 # would analyse the callers, which are asking for this very summary
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
@@ -766,6 +767,13 @@ class FileFlow:
                 ):
                     found = returned
             self._returns[func] = found
+        return found
+
+    def may_return_factory(self, func: AnyFunction) -> bool:
+        """`returns_factory` of the function's text (cached)."""
+        found = self._makes_factory.get(func)
+        if found is None:
+            found = self._makes_factory[func] = returns_factory(self.text(func))
         return found
 
     def module_exit_env(self) -> Env:
@@ -1150,7 +1158,7 @@ _DEF_OR_IMPORT = re.compile(r"\s*(?:(?:async\s+)?(?:def|class)\s+|(?:from\s+\S+\
 
 def returns_factory(text: str) -> bool:
     """Whether a function's text may return a tensor it makes with a factory."""
-    return _RETURNS_FACTORY.search(text) is not None
+    return "return" in text and "torch." in text and _RETURNS_FACTORY.search(text) is not None
 
 
 def _join_seeds(a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
@@ -2857,6 +2865,23 @@ def _local_names(func: AnyFunction) -> frozenset[str]:
                 names.add(name)
         todo.extend(iter_children(node))
     return frozenset(names - declared_global)
+
+
+def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern[str]) -> list[int]:
+    """The lines (ascending) that `pattern` matches from their start, among those holding
+    a needle.
+
+    The same lines as a MULTILINE `^...` search of the whole text whenever every match
+    lies on one line and holds a needle, without trying the pattern at every position.
+    """
+    source = ctx.source
+    starts: set[int] = set()
+    for needle in needles:
+        at = source.find(needle)
+        while at >= 0:
+            starts.add(source.rfind("\n", 0, at) + 1)
+            at = source.find(needle, at + len(needle))
+    return [ctx.line_of_offset(s) for s in sorted(starts) if pattern.match(source, s)]
 
 
 def scopes_with(ff: FileFlow, *needles: str) -> list[ScopeNode]:

@@ -10,7 +10,8 @@ from torchdoctor.check.flow import Kind, Move, Place, ScopeFlow
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 # A statement that starts with a move: `x.to(device)`, `batch[0].cuda()`.
-_STATEMENT_MOVE = re.compile(r"^[ \t]*[\w.]+(?:\[[^\]\n]*\])*\.(?:to|cuda|cpu)\(", re.MULTILINE)
+_STATEMENT_MOVE = re.compile(r"[ \t]*[\w.]+(?:\[[^\]\n]*\])*\.(?:to|cuda|cpu)\(")
+_MOVES = (".to(", ".cuda(", ".cpu(")  # on every line _STATEMENT_MOVE matches
 # Tests that expect the move to fail drop its result on purpose.
 _EXPECTS_ERROR = ("assertRaises", "raises", "assertWarns", "warns")
 
@@ -68,9 +69,7 @@ class DiscardedTo(Rule):
 
     def finish(self) -> None:
         # only scopes with a line that starts with `x.to(`/`x.cuda(`/`x.cpu(` can drop one
-        lines = [
-            self.ctx.line_of_offset(m.start()) for m in _STATEMENT_MOVE.finditer(self.ctx.source)
-        ]
+        lines = flow.lines_matching(self.ctx, _MOVES, _STATEMENT_MOVE)
         if not lines:
             return
         ff = flow.file_flow(self.ctx)

@@ -69,19 +69,18 @@ class FactoryWithoutDevice(Rule):
             if cls is None or not ff.is_module_class(cls):
                 continue
             forward = ff.methods(cls).get("forward")
-            makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
-                f"self.{m.name}("
-                for m in ff.methods(cls).values()
-                if m is not func and flow.returns_factory(ff.text(m))
-            ]
-            if not ff.mentions(func, "torch.", *flow.FACTORIES) and not (
-                makers and ff.mentions(func, *makers)
-            ):
-                continue
             if forward is None:
                 continue
             if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
                 continue
+            if not ff.mentions(func, "torch.", *flow.FACTORIES):
+                makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
+                    f"self.{m.name}("
+                    for m in ff.methods(cls).values()
+                    if m is not func and ff.may_return_factory(m)
+                ]
+                if not (makers and ff.mentions(func, *makers)):
+                    continue
             self._check(func, forward, ff.scope(func, callers=False))
 
     def _check(self, func: AnyFunction, forward: AnyFunction, scope: ScopeFlow) -> None:

@@ -17,12 +17,13 @@ _STAYS_ON_CPU = re.compile(
 )
 # Where batches come from: the scopes worth analysing iterate a loader (strong), or
 # iterate batches and move something (weak).
-_ITERATES_LOADER = re.compile(
-    r"^[ \t]*(?:async[ \t]+)?for[ \t][^\n]*\bin\b[^\n]*(?:loader|Loader|_dl\b|batches)"
-    r"|next\(\s*iter\(|DataLoader\(",
-    re.MULTILINE,
+# (Line patterns, tried only on the lines holding their words: see flow.lines_matching.)
+_LOADER_WORDS = ("loader", "Loader", "_dl", "batches")
+_FOR_IN_LOADER = re.compile(
+    r"[ \t]*(?:async[ \t]+)?for[ \t](?>[^\n]*?\bin\b)[^\n]*?(?:loader|Loader|_dl\b|batches)"
 )
-_ITERATES_BATCHES = re.compile(r"^[ \t]*(?:async[ \t]+)?for[ \t][^\n]*batch", re.MULTILINE)
+_LOADER_CALL = re.compile(r"next\(\s*iter\(|DataLoader\(")
+_FOR_IN_BATCHES = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\n]*batch")
 _MOVES = (".to(", ".cuda(")
 
 
@@ -85,8 +86,11 @@ class BatchNotMoved(Rule):
     def finish(self) -> None:
         source = self.ctx.source
         line_of = self.ctx.line_of_offset
-        strong = [line_of(m.start()) for m in _ITERATES_LOADER.finditer(source)]
-        weak = [line_of(m.start()) for m in _ITERATES_BATCHES.finditer(source)]
+        strong = flow.lines_matching(self.ctx, _LOADER_WORDS, _FOR_IN_LOADER)
+        if "next(" in source or "DataLoader(" in source:
+            strong.extend(line_of(m.start()) for m in _LOADER_CALL.finditer(source))
+            strong.sort()
+        weak = flow.lines_matching(self.ctx, ("batch",), _FOR_IN_BATCHES)
         # module-level code (a script, a notebook) is cheap: analysed whenever it moves
         script = any(m in source for m in _MOVES)
         if not strong and not weak and not script:
