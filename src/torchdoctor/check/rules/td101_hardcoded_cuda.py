@@ -4,7 +4,9 @@ import ast
 import re
 from typing import TYPE_CHECKING, ClassVar
 
+from torchdoctor.check.context import child_fields, child_statements, walk
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.rules._file_gate import skip_visits
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -198,14 +200,20 @@ class HardcodedCuda(Rule):
         self._gated: bool | None = None
         self._gated_classes: set[str] | None = None
         self._cuda_only_functions: set[str] | None = None
+        if self._file_is_cuda_only:
+            skip_visits(self)
 
     # -- what is hardcoded ------------------------------------------------------
     def visit(self, node: ast.AST) -> None:
         if self._file_is_cuda_only:
             return
         if isinstance(node, ast.Call):
+            if not _may_name_cuda(node):
+                return  # cheap test first: most calls name no device at all
             culprit, message = self._check_call(node)
         elif isinstance(node, ast.Assign | ast.AnnAssign):
+            if node.value.__class__ is not ast.Constant:
+                return
             culprit, message = self._check_assign(node)
         else:
             return
@@ -379,7 +387,7 @@ class HardcodedCuda(Rule):
         about the GPU: test cases, profiler patterns. Its methods only run where the
         check passed."""
         if self._gated_classes is None:
-            classes = {c.name: c for c in ast.walk(self.ctx.tree) if isinstance(c, ast.ClassDef)}
+            classes = {c.name: c for c in walk(self.ctx.tree) if isinstance(c, ast.ClassDef)}
             gated = {
                 name
                 for name, c in classes.items()
@@ -406,7 +414,7 @@ class HardcodedCuda(Rule):
         cached = self._cuda_only_blocks.get(key)
         if cached is None:
             cuda_only = self._cuda_only_function_names()
-            cached = any(self._calls_cuda_only(sub, cuda_only) for sub in _walk_always(block))
+            cached = any(self._calls_cuda_only(sub, cuda_only) for sub in _always_run_calls(block))
             self._cuda_only_blocks[key] = cached
         return cached
 
@@ -415,7 +423,7 @@ class HardcodedCuda(Rule):
         the process group's device (CUDA for NCCL): the device is chosen on purpose."""
         if "dist" not in self.ctx.segment(function).lower():
             return False
-        for sub in ast.walk(function):
+        for sub in walk(function):
             if isinstance(sub, ast.Call):
                 # torch.distributed.all_reduce, or a project's wrapper such as
                 # distributed_utils.all_reduce
@@ -430,15 +438,13 @@ class HardcodedCuda(Rule):
                     return True
         return False
 
-    def _calls_cuda_only(self, node: ast.AST, cuda_only: set[str]) -> bool:
-        if isinstance(node, ast.Call):
-            target = node.func
-        elif isinstance(node, ast.withitem):
-            target = node.context_expr
-        else:
-            return False
-        name = self.ctx.qualname(target) or ""
-        if name.startswith("torch.cuda.") and name[11:] in _CUDA_ONLY_APIS:
+    def _callee(self, node: ast.Call | ast.withitem) -> str:
+        target = node.func if isinstance(node, ast.Call) else node.context_expr
+        return self.ctx.qualname(target) or ""
+
+    def _calls_cuda_only(self, node: ast.Call | ast.withitem, cuda_only: set[str]) -> bool:
+        name = self._callee(node)
+        if _is_cuda_only_api(name):
             return True
         # a call of a CUDA-only function of this file: `helper(...)`, `self.helper(...)`
         return bool(cuda_only) and name.rsplit(".", 1)[-1] in cuda_only
@@ -447,19 +453,24 @@ class HardcodedCuda(Rule):
         """Names of this file's functions that call CUDA-only APIs, directly or through
         other functions of the file (computed once per file, only when needed)."""
         if self._cuda_only_functions is None:
-            functions = [
-                f
-                for f in ast.walk(self.ctx.tree)
-                if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
-            ]
             found: set[str] = set()
             if "torch.cuda" in self.ctx.source or "cuda import" in self.ctx.source:
+                # per function: does it call a CUDA-only API itself, and the last names
+                # of what it calls (helpers of this file are matched by those)
+                summaries: list[tuple[str, bool, set[str]]] = []
+                statements = list(self.ctx.tree.body)  # functions are statements
+                while statements:
+                    f = statements.pop()
+                    statements.extend(child_statements(f))
+                    if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef):
+                        names = [self._callee(sub) for sub in _always_run_calls(f.body)]
+                        direct = any(_is_cuda_only_api(name) for name in names)
+                        summaries.append((f.name, direct, {n.rsplit(".", 1)[-1] for n in names}))
                 for _ in range(3):  # a few levels of helpers is plenty
                     grown = {
-                        f.name
-                        for f in functions
-                        if f.name not in found
-                        and any(self._calls_cuda_only(sub, found) for sub in _walk_always(f.body))
+                        name
+                        for name, direct, callees in summaries
+                        if name not in found and (direct or not found.isdisjoint(callees))
                     }
                     if not grown:
                         break
@@ -526,6 +537,21 @@ def _per_rank(args: list[ast.expr]) -> bool:
     )
 
 
+def _may_name_cuda(call: ast.Call) -> bool:
+    """`.cuda(...)`, `.to(...)`, `torch.device(...)`, `set_default_device(...)`, or a
+    call with a `device=`/`map_location=` keyword: the only calls `_check_call` reports."""
+    func = call.func
+    if func.__class__ is ast.Attribute:
+        last = func.attr  # type: ignore[attr-defined]
+    elif func.__class__ is ast.Name:
+        last = func.id  # type: ignore[attr-defined]
+    else:
+        last = ""
+    if last in ("cuda", "device", "set_default_device", "to"):
+        return True
+    return any(kw.arg in ("device", "map_location") for kw in call.keywords)
+
+
 def _is_cuda_literal(node: ast.AST | None) -> bool:
     return (
         isinstance(node, ast.Constant)
@@ -581,14 +607,22 @@ def _block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt] | None:
     return None
 
 
-def _walk_always(block: list[ast.stmt]) -> list[ast.AST]:
-    """The nodes of a block that always run when it runs: not nested functions or
-    classes, not the branches of an `if`, not a `try` body whose errors are handled."""
-    nodes: list[ast.AST] = []
+def _is_cuda_only_api(name: str) -> bool:
+    return name.startswith("torch.cuda.") and name[11:] in _CUDA_ONLY_APIS
+
+
+def _always_run_calls(block: list[ast.stmt]) -> list[ast.Call | ast.withitem]:
+    """The calls and `with` items of a block that always run when it runs: not in
+    nested functions or classes, not in the branches of an `if`, not in a `try` body
+    whose errors are handled."""
+    fields_of = child_fields(want_operators=False)
+    found: list[ast.Call | ast.withitem] = []
     todo: list[ast.AST] = list(block)
     while todo:
         node = todo.pop()
-        nodes.append(node)
+        cls = node.__class__
+        if cls is ast.Call or cls is ast.withitem:
+            found.append(node)  # type: ignore[arg-type]
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
             continue
         if isinstance(node, ast.If | ast.While | ast.IfExp):
@@ -602,5 +636,10 @@ def _walk_always(block: list[ast.stmt]) -> list[ast.AST]:
         elif hasattr(ast, "Match") and isinstance(node, ast.Match):
             todo.append(node.subject)
         else:
-            todo.extend(ast.iter_child_nodes(node))
-    return nodes
+            for field in fields_of.get(cls, node._fields):
+                value = getattr(node, field, None)
+                if value.__class__ is list:
+                    todo.extend(item for item in value if isinstance(item, ast.AST))
+                elif isinstance(value, ast.AST):
+                    todo.append(value)
+    return found

@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from torchdoctor.check.context import walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 if TYPE_CHECKING:
@@ -20,6 +21,9 @@ _ELEMENTWISE = frozenset(
 )
 # torch.nn.functional losses (their default reduction gives a 0-dim tensor).
 _FUNCTIONAL_LOSS = re.compile(r"loss|cross_entropy|kl_div|^nll|hinge|margin")
+
+# A character that would make the text after it part of a longer name or an attribute.
+_NAME_BEFORE = re.compile(r"[\w.]")
 
 
 @dataclass
@@ -85,6 +89,7 @@ class ScalarByIndex(Rule):
         super().__init__(ctx)
         self._scopes: dict[int, _ScopeFacts] = {}
         self._relevant: dict[int, bool] = {}
+        self._assigned_names: dict[str, bool] = {}
 
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Subscript)
@@ -192,7 +197,7 @@ class ScalarByIndex(Rule):
         facts = self._scopes.get(id(scope))
         if facts is None:
             facts = _ScopeFacts()
-            for sub in ast.walk(scope):
+            for sub in walk(scope):
                 if isinstance(sub, ast.Assign):
                     for target in sub.targets:
                         if isinstance(target, ast.Name):
@@ -236,12 +241,29 @@ class ScalarByIndex(Rule):
 
     def _is_loss_module(self, name: str) -> bool:
         """`criterion = nn.CrossEntropyLoss()` (default reduction) somewhere in the file."""
+        if "Loss" not in self.ctx.source or not self._may_be_assigned(name):
+            return False  # cheap tests first: no `...Loss` class named, or `name = ` nowhere
         for sub in self._facts(self.ctx.tree).assigned.get(name, ()):
             if isinstance(sub.value, ast.Call):
                 built = self.ctx.qualname(sub.value.func) or ""
                 if built.startswith("torch.nn.") and built.endswith("Loss"):
                     return not any(kw.arg == "reduction" for kw in sub.value.keywords)
         return False
+
+    def _may_be_assigned(self, name: str) -> bool:
+        """Whether the text has `name` followed by `=` (after spaces, `)`, line
+        continuations or comments), as any `name = ...` assignment has."""
+        known = self._assigned_names.get(name)
+        if known is None:
+            # the name first: a pattern starting with a literal is searched for fast
+            pattern = rf"{re.escape(name)}(?:[ \t\r\n\f)\\]|#[^\n]*\n)*=(?!=)"
+            source = self.ctx.source
+            known = any(
+                match.start() == 0 or not _NAME_BEFORE.match(source, match.start() - 1)
+                for match in re.finditer(pattern, source)
+            )
+            self._assigned_names[name] = known
+        return known
 
 
 def _loss_name(node: ast.expr) -> bool:

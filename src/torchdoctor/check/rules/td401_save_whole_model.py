@@ -4,7 +4,9 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.rules._file_gate import has_word, skip_visits
 
 _SAVES = frozenset({"torch.save", "torch.serialization.save"})
 # Methods that return the module itself (or a converted copy of it).
@@ -78,9 +80,21 @@ class SaveWholeModel(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("save",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call,)
 
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        if not has_word(ctx.source, "save"):
+            skip_visits(self)  # `x.save(` or an import of torch's `save` names the word
+
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
-        if not node.args or self.ctx.call_name(node) not in _SAVES:
+        func = node.func
+        if not node.args or not (
+            func.attr == "save"
+            if isinstance(func, ast.Attribute)
+            else isinstance(func, ast.Name) and self.ctx.imports.get(func.id) in _SAVES
+        ):
+            return  # cheap test first: `x.save(...)` or a name imported as torch.save
+        if self.ctx.call_name(node) not in _SAVES:
             return
         obj = node.args[0]
         why = self._module_evidence(obj, node.lineno, depth=2)
@@ -143,7 +157,7 @@ class SaveWholeModel(Rule):
         scope = self.ctx.enclosing_function() or self.ctx.tree
         latest: ast.expr | None = None
         latest_line = -1
-        for sub in ast.walk(scope):
+        for sub in walk(scope):
             if isinstance(sub, ast.Assign | ast.AnnAssign) and sub.value is not None:
                 targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
                 if (

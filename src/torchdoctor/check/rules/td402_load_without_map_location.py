@@ -3,7 +3,9 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
+from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
+from torchdoctor.check.rules._file_gate import has_word, skip_visits
 
 
 class LoadWithoutMapLocation(Rule):
@@ -57,9 +59,16 @@ class LoadWithoutMapLocation(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("load",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call,)
 
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        if not has_word(ctx.source, "load"):
+            skip_visits(self)  # `x.load(` or an import of torch's `load` names the word
+
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
-        if self.ctx.call_name(node) != "torch.load" or not node.args:
+        if not node.args or not _may_be_torch_load(node.func, self.ctx.imports):
+            return  # cheap test first: most calls are of nothing named `load`
+        if self.ctx.call_name(node) != "torch.load":
             return
         if len(node.args) >= 2 or any(kw.arg in ("map_location", None) for kw in node.keywords):
             return  # positional map_location, or **kwargs that may carry it
@@ -102,7 +111,7 @@ class LoadWithoutMapLocation(Rule):
                     and "BytesIO" in self.ctx.segment(arg.annotation)
                 ):
                     return True
-        for sub in ast.walk(scope):
+        for sub in walk(scope):
             if (
                 isinstance(sub, ast.Assign)
                 and isinstance(sub.value, ast.Call)
@@ -117,7 +126,7 @@ class LoadWithoutMapLocation(Rule):
         trip on one machine, where the saving device exists."""
         scope = self._scope()
         target = self.ctx.segment(source)
-        for sub in ast.walk(scope):
+        for sub in walk(scope):
             if (
                 isinstance(sub, ast.Call)
                 and len(sub.args) >= 2
@@ -127,6 +136,13 @@ class LoadWithoutMapLocation(Rule):
             ):
                 return True
         return False
+
+
+def _may_be_torch_load(func: ast.expr, imports: dict[str, str]) -> bool:
+    """`x.load(...)`, or a bare name imported as torch.load (what qualname can resolve)."""
+    if isinstance(func, ast.Attribute):
+        return func.attr == "load"
+    return isinstance(func, ast.Name) and imports.get(func.id) == "torch.load"
 
 
 def _is_bytes_io(name: str | None) -> bool:

@@ -4,6 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 
 # torch.FloatTensor, torch.cuda.LongTensor, torch.sparse.FloatTensor, ... and their strings.
@@ -95,7 +96,9 @@ class LegacyTensorType(Rule):
     name = "legacy-tensor-type"
     category = "deprecation"
     severity = Severity.INFO
-    triggers: ClassVar[tuple[str, ...]] = ("Tensor", "tensor_type")
+    # A finding names one of the legacy types (`FloatTensor`, ...) or
+    # `set_default_tensor_type`: in the call, the reference, the string or the import.
+    triggers: ClassVar[tuple[str, ...]] = (*(f"{kind}Tensor" for kind in _DTYPES), "tensor_type")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call, ast.Assign)
 
     def visit(self, node: ast.AST) -> None:
@@ -109,10 +112,10 @@ class LegacyTensorType(Rule):
         if not (last.endswith("Tensor") or last in ("type", "set_default_tensor_type")):
             return  # cheap test first: most calls are none of these
         name = self.ctx.call_name(node) or ""
-        if self._expects_error():
-            return
         legacy = _LEGACY.fullmatch(name)
         if legacy is not None:
+            if self._expects_error():
+                return
             kind = legacy.group(1)
             if kind == "cuda" and self._device_chosen():
                 kind = None  # CUDA on purpose: only the uninitialised-memory hazard remains
@@ -120,6 +123,8 @@ class LegacyTensorType(Rule):
                 self.report(node, self._constructor_message(name, legacy, kind))
             return
         if name == "torch.set_default_tensor_type":
+            if self._expects_error():
+                return
             self.report(
                 node,
                 "`torch.set_default_tensor_type` is deprecated since PyTorch 2.1; use "
@@ -128,7 +133,7 @@ class LegacyTensorType(Rule):
             return
         if isinstance(func, ast.Attribute) and func.attr == "type" and len(node.args) == 1:
             target = self._legacy_reference(node.args[0])
-            if target is not None:
+            if target is not None and not self._expects_error():
                 self.report(node, self._type_message(target))
 
     def _device_chosen(self) -> bool:
@@ -144,7 +149,7 @@ class LegacyTensorType(Rule):
                 if any(
                     isinstance(sub, ast.Call)
                     and getattr(sub.func, "attr", getattr(sub.func, "id", "")) in _COLLECTIVES
-                    for sub in ast.walk(node)
+                    for sub in walk(node)
                 ):
                     return True
         return False
