@@ -570,6 +570,13 @@ def dotted(node: ast.AST) -> str | None:
 _current: list[FileFlow] = []
 
 
+def forget(ctx: FileContext) -> None:
+    """Drop the flow of `ctx` now (the engine is done with the file), so that its
+    syntax tree is freed with the file rather than when the next file asks."""
+    if _current and _current[0].ctx is ctx:
+        _current.pop().release()
+
+
 def file_flow(ctx: FileContext) -> FileFlow:
     """The FileFlow of `ctx`, shared by every rule checking that file."""
     if _current and _current[0].ctx is ctx:
@@ -613,6 +620,7 @@ class FileFlow:
         self._uses_indexed = False
         self._returns: dict[AnyFunction, Value] = {}
         self._makes_factory: dict[AnyFunction, bool] = {}
+        self._module_code_text: str | None = None
         self._module_names: frozenset[str] | None = None
         self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
 
@@ -710,6 +718,19 @@ class FileFlow:
                 found = self.ctx.source[start:end]
             self._texts[node] = found
         return found
+
+    def module_code_text(self) -> str:
+        """The text of the module-level code the module scope runs: the top-level
+        statements, with only the decorator lines of functions and classes."""
+        if self._module_code_text is None:
+            parts: list[str] = []
+            for stmt in self.ctx.tree.body:
+                if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    parts.extend(self.ctx.segment(dec) for dec in stmt.decorator_list)
+                else:
+                    parts.append(self.text(stmt))
+            self._module_code_text = "\n".join(parts)
+        return self._module_code_text
 
     def mentions(self, node: ast.AST, *needles: str) -> bool:
         """Whether the source text of `node` contains any of `needles`."""

@@ -54,7 +54,9 @@ class OptimizerBeforeTo(Rule):
         ff = flow.file_flow(self.ctx)
         reported: set[ast.AST] = set()
         for node in flow.scopes_with(ff, "optim"):
-            if not ff.mentions(node, ".to(", ".cuda("):
+            # the move is in the scope's own code (for the module: not in its functions)
+            text = ff.module_code_text() if isinstance(node, ast.Module) else ff.text(node)
+            if ".to(" not in text and ".cuda(" not in text:
                 continue
             scope = ff.scope(node, callers=False)
             for move in scope.moves:

@@ -22,7 +22,7 @@ _LOADER_WORDS = ("loader", "Loader", "_dl", "batches")
 _FOR_IN_LOADER = re.compile(
     r"[ \t]*(?:async[ \t]+)?for[ \t](?>[^\n]*?\bin\b)[^\n]*?(?:loader|Loader|_dl\b|batches)"
 )
-_LOADER_CALL = re.compile(r"next\(\s*iter\(|DataLoader\(")
+_NEXT_ITER = re.compile(r"next\(\s*iter\(")
 _FOR_IN_BATCHES = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\n]*batch")
 _MOVES = (".to(", ".cuda(")
 
@@ -88,7 +88,11 @@ class BatchNotMoved(Rule):
         line_of = self.ctx.line_of_offset
         strong = flow.lines_matching(self.ctx, _LOADER_WORDS, _FOR_IN_LOADER)
         if "next(" in source or "DataLoader(" in source:
-            strong.extend(line_of(m.start()) for m in _LOADER_CALL.finditer(source))
+            strong.extend(line_of(m.start()) for m in _NEXT_ITER.finditer(source))
+            at = source.find("DataLoader(")
+            while at >= 0:
+                strong.append(line_of(at))
+                at = source.find("DataLoader(", at + 11)
             strong.sort()
         weak = flow.lines_matching(self.ctx, ("batch",), _FOR_IN_BATCHES)
         # module-level code (a script, a notebook) is cheap: analysed whenever it moves
