@@ -31,6 +31,8 @@ def collect_imports(tree: ast.Module) -> dict[str, str]:
     todo: list[ast.stmt] = list(tree.body)
     while todo:
         stmt = todo.pop()
+        if stmt.__class__ in _NO_IMPORT_INSIDE:
+            continue
         if isinstance(stmt, ast.Import):
             for alias in stmt.names:
                 if alias.asname:
@@ -48,6 +50,13 @@ def collect_imports(tree: ast.Module) -> dict[str, str]:
             # imports inside functions, classes, if/try/match blocks count too
             todo.extend(child_statements(stmt))
     return aliases
+
+
+# Simple statements that are not imports: nothing to look into (most of a file)
+_NO_IMPORT_INSIDE = frozenset(
+    {ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Pass, ast.Raise}
+    | {ast.Delete, ast.Assert, ast.Global, ast.Nonlocal, ast.Break, ast.Continue}
+)
 
 
 def child_statements(stmt: ast.stmt) -> list[ast.stmt]:

@@ -176,7 +176,7 @@ _EVALISH_CANDIDATES = re.compile(
     r"^.*(?:val|test|predict|infer|generate|dev|no_grad|inference_mode).*$", re.I | re.M
 )
 _MODELISH_CANDIDATES = re.compile(
-    r"^(?:[gd]|.*(?:model|net|classifier|coder|generator|discriminator|critic|actor|backbone"
+    r"^(?:[GD]|.*(?:model|net|classifier|coder|generator|discriminator|critic|actor|backbone"
     r"|teacher|student).*)$",
     re.I | re.M,
 )
@@ -227,8 +227,9 @@ def is_eval_iterable(text: str) -> bool:
 
 
 _MODELISH = re.compile(
-    r"^(?:[GD]|net[A-Z_]\w*|model_\w+|\w*model|\w*net|network|classifier|encoder|decoder"
-    r"|generator|discriminator|critic|actor|backbone|teacher|student)$",
+    # single letters only as GAN code spells them (G, D): `d` and `g` are dicts and graphs
+    r"^(?:(?-i:[GD])|net[A-Z_]\w*|model_\w+|\w*model|\w*net|network|classifier|encoder"
+    r"|decoder|generator|discriminator|critic|actor|backbone|teacher|student)$",
     re.I,
 )
 _NOT_A_MODEL_PREFIX = re.compile(r"^(?:d|n|num|dim|size|len|is|has|use|max|min)_", re.I)
@@ -712,7 +713,9 @@ class FunctionInfo:
     def identifiers(self) -> frozenset[str]:
         """Every identifier in this function's text (one regex scan, cached)."""
         if self._identifiers is None:
-            self._identifiers = frozenset(_IDENTIFIER.findall(self.text))
+            self._identifiers = (
+                self.file.words() if self.is_module else frozenset(_IDENTIFIER.findall(self.text))
+            )
         return self._identifiers
 
     @property
@@ -913,9 +916,21 @@ class FileLoops:
             roots = self.model_roots()
             words = self.words()
             candidates = _MODELISH_CANDIDATES.findall("\n".join(words))
-            self._model_words = [w for w in candidates if _modelish_word(w)]
+            self._model_words = [
+                w for w in candidates if _modelish_word(w) and not self._other_class_name(w)
+            ]
             self._model_words += [w for w in roots & words if w not in self._model_words]
         return self._model_words
+
+    def _other_class_name(self, word: str) -> bool:
+        """A CapWords name that cannot build a model: not a module class of the project,
+        not imported from torchvision or timm (`torch.Generator`, `ModelConfig`)."""
+        if not word[:1].isupper() or word.isupper():
+            return False
+        target = self.ctx.imports.get(word, "")
+        return word not in self.ctx.project.module_classes and not target.startswith(
+            ("torchvision", "timm")
+        )
 
     def model_roots(self) -> frozenset[str]:
         """First names of every key set to eval/train mode, and module-level models."""
