@@ -80,7 +80,7 @@ class LossKeptWithGraph(Rule):
             return
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
-            if "backward" not in fi.text:
+            if not _may_accumulate_a_loss(fi.text):
                 continue
             events = [e for e in fl.events(fi) if e.kind == BACKWARD and e.expr is not None]
             if not events:
@@ -199,6 +199,18 @@ def _summands(node: ast.expr) -> set[str]:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult | ast.Div):
         return _summands(node.left) | _summands(node.right)
     return set()
+
+
+def _may_accumulate_a_loss(text: str) -> bool:
+    """A cheap text test: a backward call (not just a `def backward(` line), a loop, and
+    an accumulation (`+=`, `a = a + v`, `.append(`) may all be in this function."""
+    body = text.find("\n")
+    return (
+        body >= 0
+        and text.find("backward(", body) >= 0
+        and ("for " in text or "while " in text)
+        and ("+" in text or "append(" in text)
+    )
 
 
 def _accumulations(loop: ast.AST) -> list[tuple[ast.stmt, str, ast.expr]]:
