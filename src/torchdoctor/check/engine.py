@@ -138,9 +138,19 @@ def check_source(
         return [syntax_error_finding(f"cannot parse: {reason}; the file was not checked")]
     project = project if project is not None else ProjectIndex.build([source])
     ctx = FileContext(path, source, tree, project, target_version=target_version)
-    active = [
-        cls(ctx) for cls in rules if not cls.triggers or any(t in source for t in cls.triggers)
-    ]
+    # a trigger that several rules share (`backward`, `forward`) is looked for once
+    present: dict[str, bool] = {}
+
+    def triggered(rule: type[Rule]) -> bool:
+        for trigger in rule.triggers:
+            found = present.get(trigger)
+            if found is None:
+                found = present[trigger] = trigger in source
+            if found:
+                return True
+        return not rule.triggers
+
+    active = [cls(ctx) for cls in rules if triggered(cls)]
     if active:
         _run_rules(ctx, active)
     return apply_noqa(ctx.findings, source)
