@@ -200,20 +200,39 @@ class HardcodedCuda(Rule):
         self._gated: bool | None = None
         self._gated_classes: set[str] | None = None
         self._cuda_only_functions: set[str] | None = None
+        # Without a "cuda" / 'cuda:0' string, only `.cuda()` calls can be reported.
+        self._literals = '"cuda' in ctx.source or "'cuda" in ctx.source
         if self._file_is_cuda_only:
             skip_visits(self)
+        elif not self._literals:
+            skip_visits(self, keep=(ast.Call,))
 
     # -- what is hardcoded ------------------------------------------------------
     def visit(self, node: ast.AST) -> None:
         if self._file_is_cuda_only:
             return
         if isinstance(node, ast.Call):
-            if not _may_name_cuda(node):
-                return  # cheap test first: most calls name no device at all
+            # cheap tests first: most calls name no device at all
+            func = node.func
+            last = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else ""
+            )
+            if last != "cuda" and not (
+                self._literals
+                and (
+                    last in ("device", "set_default_device", "to")
+                    or any(kw.arg in ("device", "map_location") for kw in node.keywords)
+                )
+            ):
+                return
             culprit, message = self._check_call(node)
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             if node.value.__class__ is not ast.Constant:
-                return
+                return  # only a "cuda" string is reported
             culprit, message = self._check_assign(node)
         else:
             return
@@ -535,21 +554,6 @@ def _per_rank(args: list[ast.expr]) -> bool:
         for node in ast.walk(arg)
         if isinstance(node, ast.Name | ast.Attribute)
     )
-
-
-def _may_name_cuda(call: ast.Call) -> bool:
-    """`.cuda(...)`, `.to(...)`, `torch.device(...)`, `set_default_device(...)`, or a
-    call with a `device=`/`map_location=` keyword: the only calls `_check_call` reports."""
-    func = call.func
-    if func.__class__ is ast.Attribute:
-        last = func.attr  # type: ignore[attr-defined]
-    elif func.__class__ is ast.Name:
-        last = func.id  # type: ignore[attr-defined]
-    else:
-        last = ""
-    if last in ("cuda", "device", "set_default_device", "to"):
-        return True
-    return any(kw.arg in ("device", "map_location") for kw in call.keywords)
 
 
 def _is_cuda_literal(node: ast.AST | None) -> bool:

@@ -1,19 +1,16 @@
 from __future__ import annotations
 
 import ast
-import re
 from typing import TYPE_CHECKING, ClassVar
 
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._file_gate import skip_visits
+from torchdoctor.check.rules._file_gate import skip_visits, words_starting_with
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
 
 _CORRECT = "requiresgrad"
-# Words that start like `req...` (any case): every name the rule reports is one.
-_REQ_WORDS = re.compile(r"(?<!\w)req\w*", re.IGNORECASE)
 # Misspellings too far from "requires_grad" for the edit-distance test below.
 _LONG_MISSPELLINGS = frozenset(
     {
@@ -111,7 +108,7 @@ class RequiresGradTypo(Rule):
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
         self._declared: set[str] | None = None
-        if not any(misspelled(word) for word in set(_REQ_WORDS.findall(ctx.source))):
+        if not any(misspelled(word) for word in words_starting_with(ctx.source, "req")):
             skip_visits(self)  # no word of the file, let alone a name, is a misspelling
 
     def visit(self, node: ast.AST) -> None:

@@ -65,6 +65,13 @@ class CheckpointReentrant(Rule):
 
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
+        func = node.func
+        if not (
+            func.attr in ("checkpoint", "checkpoint_sequential")
+            if isinstance(func, ast.Attribute)
+            else isinstance(func, ast.Name) and self.ctx.imports.get(func.id) in _CHECKPOINTS
+        ):
+            return  # cheap test first: `x.checkpoint(...)` or a name imported as one
         name = self.ctx.call_name(node)
         if name not in _CHECKPOINTS:
             return
