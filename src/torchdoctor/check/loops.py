@@ -169,17 +169,32 @@ def is_torch_file(source: str) -> bool:
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
 
-# Identifiers that may be eval-ish / model-ish, one per line: every word of EVAL_WORDS and
-# _EVAL_DATA_WORDS contains one of these pieces, and every name _MODELISH matches one of
-# these (a cheap prefilter, so the word tests run on a few names, not on every one)
-_EVALISH_CANDIDATES = re.compile(
-    r"^.*(?:val|test|predict|infer|generate|dev|no_grad|inference_mode).*$", re.I | re.M
+# Pieces of identifiers that may be eval-ish / model-ish: every word of EVAL_WORDS and
+# _EVAL_DATA_WORDS contains one of the first, and every name _MODELISH matches (but G and
+# D) one of the second -- a cheap prefilter, so the word tests run on few names
+_EVALISH_PIECES = re.compile(
+    r"val|test|predict|infer|generate|dev|no_grad|inference_mode", re.IGNORECASE
 )
-_MODELISH_CANDIDATES = re.compile(
-    r"^(?:[GD]|.*(?:model|net|classifier|coder|generator|discriminator|critic|actor|backbone"
-    r"|teacher|student).*)$",
-    re.I | re.M,
+_MODELISH_PIECES = re.compile(
+    r"model|net|classifier|coder|generator|discriminator|critic|actor|backbone|teacher|student",
+    re.IGNORECASE,
 )
+
+
+def _lines_with(pieces: re.Pattern[str], lines: str) -> set[str]:
+    """The lines of `lines` (one identifier each) that contain one of `pieces`: the regex
+    only looks for the pieces, and each hit is widened to its line."""
+    found: set[str] = set()
+    end = -1
+    for match in pieces.finditer(lines):
+        if match.start() < end:
+            continue  # another piece of a line already taken
+        start = lines.rfind("\n", 0, match.start()) + 1
+        end = lines.find("\n", match.end())
+        if end < 0:
+            end = len(lines)
+        found.add(lines[start:end])
+    return found
 
 
 def mentions_evaluation(text: str) -> bool:
@@ -904,7 +919,7 @@ class FileLoops:
             if is_torch_file(self.ctx.source):
                 found = [
                     w
-                    for w in _EVALISH_CANDIDATES.findall("\n".join(self.words()))
+                    for w in _lines_with(_EVALISH_PIECES, "\n".join(self.words()))
                     if w in ("no_grad", "inference_mode") or _evalish_identifier(w)
                 ]
             self._evaluation_words = found
@@ -915,7 +930,8 @@ class FileLoops:
         if self._model_words is None:
             roots = self.model_roots()
             words = self.words()
-            candidates = _MODELISH_CANDIDATES.findall("\n".join(words))
+            candidates = _lines_with(_MODELISH_PIECES, "\n".join(words))
+            candidates |= words & {"G", "D"}
             self._model_words = [
                 w for w in candidates if _modelish_word(w) and not self._other_class_name(w)
             ]

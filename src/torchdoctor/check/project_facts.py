@@ -76,14 +76,18 @@ def moving_classes(source: str) -> set[str]:
         if "Dataset" in match.group(2):
             if any(w in body for w in _DEVICE_WORDS):
                 found.add(match.group(1))
-        elif _MOVES_INPUT.search(body):
+        elif ("to(" in body or "cuda(" in body) and _MOVES_INPUT.search(body):
             found.add(match.group(1))
     return found
 
 
 def is_candidate(source: str) -> bool:
     """Whether a file may pass a moved model or a loader to another file's function."""
-    return any(m in source for m in _MOVES) and _LOADER_ARGUMENT.search(source) is not None
+    return (
+        any(m in source for m in _MOVES)
+        and any(w in source for w in ("loader", "Loader", "_dl"))  # cheap: the regex is not
+        and _LOADER_ARGUMENT.search(source) is not None
+    )
 
 
 def collect(
