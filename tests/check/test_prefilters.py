@@ -27,3 +27,9 @@ def test_prefilters_keep_every_eval_and_model_name() -> None:
     assert {n for n in names if loops._modelish_word(n)} <= modelish
     # and they do filter: most names are neither
     assert len(evalish | modelish) < len(names) / 2
+
+
+def test_prefilter_on_names_whose_lower_case_is_longer() -> None:
+    names = "İval\nx\nvalidate\nmodel_İ"  # "İ".lower() is two characters
+    assert loops._lines_with(loops._EVALISH_PIECES, names) == {"İval", "validate"}
+    assert loops._lines_with(loops._MODELISH_PIECES, names) == {"model_İ"}

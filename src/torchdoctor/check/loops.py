@@ -169,31 +169,42 @@ def is_torch_file(source: str) -> bool:
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
 
-# Pieces of identifiers that may be eval-ish / model-ish: every word of EVAL_WORDS and
-# _EVAL_DATA_WORDS contains one of the first, and every name _MODELISH matches (but G and
-# D) one of the second -- a cheap prefilter, so the word tests run on few names
-_EVALISH_PIECES = re.compile(
-    r"val|test|predict|infer|generate|dev|no_grad|inference_mode", re.IGNORECASE
-)
-_MODELISH_PIECES = re.compile(
-    r"model|net|classifier|coder|generator|discriminator|critic|actor|backbone|teacher|student",
-    re.IGNORECASE,
+# Pieces of identifiers that may be eval-ish / model-ish (lowercase): every word of
+# EVAL_WORDS and _EVAL_DATA_WORDS contains one of the first, and every name _MODELISH
+# matches (but G and D) one of the second -- a cheap prefilter, so the word tests run on
+# few names
+_EVALISH_PIECES = ("val", "test", "predict", "infer", "generate", "dev", "no_grad")
+_MODELISH_PIECES = (
+    "model",
+    "net",
+    "classifier",
+    "coder",
+    "generator",
+    "discriminator",
+    "critic",
+    "actor",
+    "backbone",
+    "teacher",
+    "student",
 )
 
 
-def _lines_with(pieces: re.Pattern[str], lines: str) -> set[str]:
-    """The lines of `lines` (one identifier each) that contain one of `pieces`: the regex
-    only looks for the pieces, and each hit is widened to its line."""
+def _lines_with(pieces: tuple[str, ...], lines: str) -> set[str]:
+    """The lines of `lines` (one identifier each) that contain one of `pieces` in any
+    case: `str.find` on the lowered text, each hit widened to its line."""
+    lowered = lines.lower()
+    if len(lowered) != len(lines):  # a non-ASCII letter whose lower case is longer
+        return {w for w in lines.split("\n") if any(p in w.lower() for p in pieces)}
     found: set[str] = set()
-    end = -1
-    for match in pieces.finditer(lines):
-        if match.start() < end:
-            continue  # another piece of a line already taken
-        start = lines.rfind("\n", 0, match.start()) + 1
-        end = lines.find("\n", match.end())
-        if end < 0:
-            end = len(lines)
-        found.add(lines[start:end])
+    for piece in pieces:
+        at = lowered.find(piece)
+        while at >= 0:
+            start = lowered.rfind("\n", 0, at) + 1
+            end = lowered.find("\n", at)
+            if end < 0:
+                end = len(lowered)
+            found.add(lines[start:end])
+            at = lowered.find(piece, end)
     return found
 
 
