@@ -52,15 +52,19 @@ def collect_imports(tree: ast.Module) -> dict[str, str]:
     return aliases
 
 
-# Simple statements that are not imports: nothing to look into (most of a file)
-_NO_IMPORT_INSIDE = frozenset(
+# Statements with no statements inside (most of a file): nothing to look into
+SIMPLE_STATEMENTS = frozenset(
     {ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Pass, ast.Raise}
     | {ast.Delete, ast.Assert, ast.Global, ast.Nonlocal, ast.Break, ast.Continue}
+    | {ast.Import, ast.ImportFrom}
 )
+_NO_IMPORT_INSIDE = SIMPLE_STATEMENTS - {ast.Import, ast.ImportFrom}
 
 
 def child_statements(stmt: ast.stmt) -> list[ast.stmt]:
     """The statements directly nested in a compound statement (any kind)."""
+    if stmt.__class__ in SIMPLE_STATEMENTS:
+        return []
     children: list[ast.stmt] = []
     for name in ("body", "orelse", "finalbody"):
         value = getattr(stmt, name, None)

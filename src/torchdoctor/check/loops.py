@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from torchdoctor.check.context import FileContext, child_fields, walk
+from torchdoctor.check.context import SIMPLE_STATEMENTS, FileContext, child_fields, walk
 
 FuncNode = ast.FunctionDef | ast.AsyncFunctionDef
 LoopNode = ast.For | ast.AsyncFor | ast.While
@@ -814,6 +814,8 @@ class FunctionInfo:
 
 
 def _children(stmt: ast.stmt) -> list[ast.stmt]:
+    if stmt.__class__ in SIMPLE_STATEMENTS:
+        return []  # most statements: no body to look into
     kids: list[ast.stmt] = []
     for name in ("body", "orelse", "finalbody"):
         value = getattr(stmt, name, None)
