@@ -183,8 +183,10 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
 
     stack = ctx.stack
     fields_of = child_fields(want_operators=any(t in OPERATOR_TYPES for t in dispatch))
-    # Nodes with no children and no visitor (names, constants, contexts) are not entered.
-    skip = {cls for cls, fields in fields_of.items() if not fields} - dispatch.keys()
+    # Nodes with no children and no visitor (names, constants, contexts) are not entered;
+    # nor are the non-node values a field may hold (None in `{**d}` keys, `global` names).
+    skip: set[type] = {cls for cls, fields in fields_of.items() if not fields} - dispatch.keys()
+    skip |= {type(None), str, bytes, int, float, complex, bool, type(...)}
 
     def walk(tree: ast.AST) -> None:
         """Visit every node once, depth first, keeping `stack` = the node's ancestors.
@@ -214,11 +216,9 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
             for name in fields:
                 value = getattr(node, name, None)
                 if value.__class__ is list:
-                    for item in value:
-                        if item.__class__ not in skip and isinstance(item, ast.AST):
-                            children.append(item)
-                elif value.__class__ not in skip and isinstance(value, ast.AST):
-                    children.append(value)
+                    children += [item for item in value if item.__class__ not in skip]
+                elif value.__class__ not in skip:
+                    children.append(value)  # type: ignore[arg-type]  # a node: see `skip`
             if children:
                 stack.append(node)
                 push(None)
