@@ -109,9 +109,10 @@ def child_fields(*, want_operators: bool) -> dict[type[ast.AST], tuple[str, ...]
     return table
 
 
-def iter_children(node: ast.AST) -> list[ast.AST]:
-    """`ast.iter_child_nodes(node)` as a list, same nodes in the same order, faster."""
-    fields = child_fields(want_operators=True).get(node.__class__)
+def iter_children(node: ast.AST, *, operators: bool = True) -> list[ast.AST]:
+    """`ast.iter_child_nodes(node)` as a list, same nodes in the same order, faster;
+    without operators and contexts (`Add`, `Load`) when `operators` is False."""
+    fields = child_fields(want_operators=operators).get(node.__class__)
     if fields is None:
         return list(ast.iter_child_nodes(node))
     children: list[ast.AST] = []

@@ -4,7 +4,7 @@ import ast
 import re
 from typing import TYPE_CHECKING, ClassVar
 
-from torchdoctor.check.context import child_fields, child_statements, walk
+from torchdoctor.check.context import child_statements, iter_children, walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._file_gate import skip_visits
 
@@ -619,7 +619,6 @@ def _always_run_calls(block: list[ast.stmt]) -> list[ast.Call | ast.withitem]:
     """The calls and `with` items of a block that always run when it runs: not in
     nested functions or classes, not in the branches of an `if`, not in a `try` body
     whose errors are handled."""
-    fields_of = child_fields(want_operators=False)
     found: list[ast.Call | ast.withitem] = []
     todo: list[ast.AST] = list(block)
     while todo:
@@ -640,10 +639,5 @@ def _always_run_calls(block: list[ast.stmt]) -> list[ast.Call | ast.withitem]:
         elif hasattr(ast, "Match") and isinstance(node, ast.Match):
             todo.append(node.subject)
         else:
-            for field in fields_of.get(cls, node._fields):
-                value = getattr(node, field, None)
-                if value.__class__ is list:
-                    todo.extend(item for item in value if isinstance(item, ast.AST))
-                elif isinstance(value, ast.AST):
-                    todo.append(value)
+            todo.extend(iter_children(node, operators=False))
     return found
