@@ -116,8 +116,8 @@ def check_source(
 
     `tree` may be passed when the caller already parsed `source` (the flake8 plugin).
     """
-    # (the regex is slow on long files: look for the word first, in its usual spellings)
-    if ("octor" in source or "OCTOR" in source) and _FILE_NOQA.search(source):
+    # (the regex is slow on long files: first a test any spelling of "noqa" passes)
+    if any(qa in source for qa in ("qa", "qA", "Qa", "QA")) and _FILE_NOQA.search(source):
         file_noqa = _file_noqa_codes(source)
         if file_noqa is None:
             return []
