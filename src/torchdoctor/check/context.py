@@ -149,6 +149,12 @@ def walk(node: ast.AST) -> Iterator[ast.AST]:
 _LISTS_WITH_NON_NODES = frozenset({ast.Dict, ast.arguments, ast.Global, ast.Nonlocal})
 
 
+@functools.cache
+def _last_names(names: frozenset[str]) -> frozenset[str]:
+    """`torch.save` -> `save`: what an attribute call of one of `names` ends with."""
+    return frozenset(name.rsplit(".", 1)[-1] for name in names)
+
+
 class FileContext:
     """Everything a rule may ask about the file being checked."""
 
@@ -204,6 +210,21 @@ class FileContext:
         if isinstance(node, ast.Call):
             return self.qualname(node.func)
         return None
+
+    def call_name_in(self, node: ast.Call, names: frozenset[str]) -> str | None:
+        """`call_name(node)` when it is one of the dotted `names`, else None.
+
+        Most calls are of none of them: the callee's own last name is tested first
+        (`x.save(...)`, or a bare name imported as one of `names`), before resolving.
+        """
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            if func.attr not in _last_names(names):
+                return None
+        elif not (isinstance(func, ast.Name) and self.imports.get(func.id) in names):
+            return None
+        name = self.qualname(func)
+        return name if name in names else None
 
     # -- ancestry ---------------------------------------------------------
     def enclosing(self, *types: type[ast.AST]) -> ast.AST | None:

@@ -87,14 +87,7 @@ class SaveWholeModel(Rule):
 
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
-        func = node.func
-        if not node.args or not (
-            func.attr == "save"
-            if isinstance(func, ast.Attribute)
-            else isinstance(func, ast.Name) and self.ctx.imports.get(func.id) in _SAVES
-        ):
-            return  # cheap test first: `x.save(...)` or a name imported as torch.save
-        if self.ctx.call_name(node) not in _SAVES:
+        if not node.args or self.ctx.call_name_in(node, _SAVES) is None:
             return
         obj = node.args[0]
         why = self._module_evidence(obj, node.lineno, depth=2)

@@ -7,6 +7,8 @@ from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
 
+_TORCH_LOAD = frozenset({"torch.load"})
+
 
 class LoadWithoutMapLocation(Rule):
     """`torch.load()` without `map_location`: fails on a machine without the saving GPU.
@@ -66,9 +68,7 @@ class LoadWithoutMapLocation(Rule):
 
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
-        if not node.args or not _may_be_torch_load(node.func, self.ctx.imports):
-            return  # cheap test first: most calls are of nothing named `load`
-        if self.ctx.call_name(node) != "torch.load":
+        if not node.args or self.ctx.call_name_in(node, _TORCH_LOAD) is None:
             return
         if len(node.args) >= 2 or any(kw.arg in ("map_location", None) for kw in node.keywords):
             return  # positional map_location, or **kwargs that may carry it
@@ -136,13 +136,6 @@ class LoadWithoutMapLocation(Rule):
             ):
                 return True
         return False
-
-
-def _may_be_torch_load(func: ast.expr, imports: dict[str, str]) -> bool:
-    """`x.load(...)`, or a bare name imported as torch.load (what qualname can resolve)."""
-    if isinstance(func, ast.Attribute):
-        return func.attr == "load"
-    return isinstance(func, ast.Name) and imports.get(func.id) == "torch.load"
 
 
 def _is_bytes_io(name: str | None) -> bool:

@@ -101,14 +101,7 @@ class DeprecatedVariable(Rule):
 
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
-        func = node.func
-        if not (
-            func.attr == "Variable"
-            if isinstance(func, ast.Attribute)
-            else isinstance(func, ast.Name) and self.ctx.imports.get(func.id) in _VARIABLE
-        ):
-            return  # cheap test first: `x.Variable(...)` or a name imported as Variable
-        if self.ctx.call_name(node) not in _VARIABLE:
+        if self.ctx.call_name_in(node, _VARIABLE) is None:
             return
         volatile = _keyword(node, "volatile")
         message = "`Variable(...)` is a no-op wrapper since PyTorch 0.4; use the tensor itself"

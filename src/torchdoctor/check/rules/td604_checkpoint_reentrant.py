@@ -10,6 +10,7 @@ _CHECKPOINTS: dict[str, int | None] = {
     "torch.utils.checkpoint.checkpoint": None,  # checkpoint(function, *args, use_reentrant=...)
     "torch.utils.checkpoint.checkpoint_sequential": 4,  # (functions, segments, input, use_r...)
 }
+_CHECKPOINT_NAMES = frozenset(_CHECKPOINTS)
 
 
 class CheckpointReentrant(Rule):
@@ -65,15 +66,8 @@ class CheckpointReentrant(Rule):
 
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
-        func = node.func
-        if not (
-            func.attr in ("checkpoint", "checkpoint_sequential")
-            if isinstance(func, ast.Attribute)
-            else isinstance(func, ast.Name) and self.ctx.imports.get(func.id) in _CHECKPOINTS
-        ):
-            return  # cheap test first: `x.checkpoint(...)` or a name imported as one
-        name = self.ctx.call_name(node)
-        if name not in _CHECKPOINTS:
+        name = self.ctx.call_name_in(node, _CHECKPOINT_NAMES)
+        if name is None:
             return
         if any(kw.arg in ("use_reentrant", None) for kw in node.keywords):
             return  # given, or possibly inside **kwargs
