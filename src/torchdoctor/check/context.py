@@ -31,8 +31,6 @@ def collect_imports(tree: ast.Module) -> dict[str, str]:
     todo: list[ast.stmt] = list(tree.body)
     while todo:
         stmt = todo.pop()
-        if stmt.__class__ in _NO_IMPORT_INSIDE:
-            continue
         if isinstance(stmt, ast.Import):
             for alias in stmt.names:
                 if alias.asname:
@@ -53,17 +51,16 @@ def collect_imports(tree: ast.Module) -> dict[str, str]:
 
 
 # Statements with no statements inside (most of a file): nothing to look into
-SIMPLE_STATEMENTS = frozenset(
+_SIMPLE_STATEMENTS = frozenset(
     {ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Pass, ast.Raise}
     | {ast.Delete, ast.Assert, ast.Global, ast.Nonlocal, ast.Break, ast.Continue}
     | {ast.Import, ast.ImportFrom}
 )
-_NO_IMPORT_INSIDE = SIMPLE_STATEMENTS - {ast.Import, ast.ImportFrom}
 
 
 def child_statements(stmt: ast.stmt) -> list[ast.stmt]:
     """The statements directly nested in a compound statement (any kind)."""
-    if stmt.__class__ in SIMPLE_STATEMENTS:
+    if stmt.__class__ in _SIMPLE_STATEMENTS:
         return []
     children: list[ast.stmt] = []
     for name in ("body", "orelse", "finalbody"):

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from torchdoctor.check.context import SIMPLE_STATEMENTS, FileContext, child_fields, walk
+from torchdoctor.check.context import FileContext, child_fields, child_statements, walk
 
 FuncNode = ast.FunctionDef | ast.AsyncFunctionDef
 LoopNode = ast.For | ast.AsyncFor | ast.While
@@ -206,14 +206,6 @@ def _lines_with(pieces: tuple[str, ...], lines: str) -> set[str]:
             found.add(lines[start:end])
             at = lowered.find(piece, end)
     return found
-
-
-def mentions_evaluation(text: str) -> bool:
-    """Whether code may hold or call evaluation code: no_grad/inference_mode blocks,
-    eval-named calls (`validate(...)`), loops over validation/test loaders."""
-    if "no_grad" in text or "inference_mode" in text:
-        return True
-    return any(_evalish_identifier(name) for name in set(_IDENTIFIER.findall(text)))
 
 
 _EVALISH: dict[str, bool] = {}
@@ -710,7 +702,7 @@ class FunctionInfo:
     @property
     def mentions_evaluation(self) -> bool:
         """Whether an eval-ish name (`validate`, `val_loader`), `no_grad` or
-        `inference_mode` occurs in this function (see `mentions_evaluation()`)."""
+        `inference_mode` occurs in this function: it may hold or call evaluation code."""
         if self._evaluation is None:
             words = self.file.evaluation_words()
             text = self.text
@@ -796,7 +788,7 @@ class FunctionInfo:
                 found.append(stmt)
                 if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                     continue
-                todo.extend(reversed(_children(stmt)))
+                todo.extend(reversed(child_statements(stmt)))
             self._statements = found
         return self._statements
 
@@ -811,19 +803,6 @@ class FunctionInfo:
                             found.add(n.id)
             self._locals = found
         return self._locals
-
-
-def _children(stmt: ast.stmt) -> list[ast.stmt]:
-    if stmt.__class__ in SIMPLE_STATEMENTS:
-        return []  # most statements: no body to look into
-    kids: list[ast.stmt] = []
-    for name in ("body", "orelse", "finalbody"):
-        value = getattr(stmt, name, None)
-        if isinstance(value, list):
-            kids.extend(v for v in value if isinstance(v, ast.stmt))
-    for holder in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
-        kids.extend(holder.body)
-    return kids
 
 
 def _bound_targets(stmt: ast.stmt) -> list[ast.expr]:
@@ -884,7 +863,7 @@ class FileLoops:
                     self.classes.setdefault(stmt.name, stmt)
                 self._index(stmt.body, stmt, None)
             else:
-                todo.extend(reversed(_children(stmt)))
+                todo.extend(reversed(child_statements(stmt)))
 
     def all_functions(self) -> list[FunctionInfo]:
         return [self.module, *self.functions]
@@ -2275,7 +2254,7 @@ def _contains_loop(stmts: list[ast.stmt]) -> bool:
         if isinstance(stmt, LoopNode):
             return True
         if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            todo.extend(_children(stmt))
+            todo.extend(child_statements(stmt))
     return False
 
 

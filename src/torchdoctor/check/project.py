@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from torchdoctor.check.project_facts import CallFact
 
 # `class Name(bases...)`: bases may span lines; nested brackets are rare in bases.
-_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^()]*)\)", re.MULTILINE)
+CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^()]*)\)", re.MULTILINE)
 
 # Base classes from torch and its ecosystem that make a class a module.
 KNOWN_MODULE_BASES = frozenset(
@@ -49,7 +49,7 @@ def scan_classes(source: str) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     if "class" not in source:
         return found
-    for match in _CLASS_HEADER.finditer(source):
+    for match in CLASS_HEADER.finditer(source):
         bases = []
         for part in match.group(2).split(","):
             part = part.strip()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.flow import UNKNOWN, Kind, Value, file_flow
+from torchdoctor.check.project import CLASS_HEADER
 
 if TYPE_CHECKING:
     from torchdoctor.check.project import ProjectIndex
@@ -43,7 +44,6 @@ class CallFact:
     opaque: bool  # *args / **kwargs at the call: positions unknown
 
 
-_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^()]*)\)", re.MULTILINE)
 _BODY_ENDS: dict[int, re.Pattern[str]] = {}
 
 
@@ -69,7 +69,7 @@ def moving_classes(source: str) -> set[str]:
     found: set[str] = set()
     if not any(w in source for w in _DEVICE_WORDS) or "class" not in source:
         return found
-    for match in _CLASS_HEADER.finditer(source):
+    for match in CLASS_HEADER.finditer(source):
         indent = len(match.group(0)) - len(match.group(0).lstrip(" \t"))
         body_end = _body_end(indent).search(source, match.end())
         body = source[match.end() : body_end.start() if body_end else len(source)]
