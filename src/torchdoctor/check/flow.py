@@ -2896,25 +2896,30 @@ def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern
     lies on one line and holds a needle, without trying the pattern at every position.
     """
     source = ctx.source
-    starts: set[int] = set()
-    for needle in needles:
-        at = source.find(needle)
-        while at >= 0:
-            starts.add(source.rfind("\n", 0, at) + 1)
-            at = source.find(needle, at + len(needle))
+    starts = {
+        source.rfind("\n", 0, at) + 1 for needle in needles for at in _offsets(source, needle)
+    }
     return [ctx.line_of_offset(s) for s in sorted(starts) if pattern.match(source, s)]
+
+
+def lines_holding(ctx: FileContext, *needles: str) -> list[int]:
+    """The line of every occurrence of a needle, ascending (repeats kept)."""
+    return sorted(
+        ctx.line_of_offset(at) for needle in needles for at in _offsets(ctx.source, needle)
+    )
+
+
+def _offsets(source: str, needle: str) -> Iterator[int]:
+    """Where `needle` occurs in `source`, found with `str.find` (no overlaps)."""
+    at = source.find(needle)
+    while at >= 0:
+        yield at
+        at = source.find(needle, at + len(needle))
 
 
 def scopes_with(ff: FileFlow, *needles: str) -> list[ScopeNode]:
     """The scopes (module-level code, functions) whose own code contains a needle."""
-    source = ff.ctx.source
-    lines: list[int] = []
-    for needle in needles:
-        start = source.find(needle)
-        while start >= 0:
-            lines.append(ff.ctx.line_of_offset(start))
-            start = source.find(needle, start + len(needle))
-    return ff.scopes_at(sorted(lines))
+    return ff.scopes_at(lines_holding(ff.ctx, *needles))
 
 
 def _skip(self: ScopeFlow, stmt: ast.stmt) -> None:
