@@ -246,13 +246,26 @@ class FileContext:
 
         It lives on this context and goes with it, so nothing outlives the file (a
         module-level `WeakKeyDictionary[FileContext, X]` whose X refers back to the
-        context never frees either). `key` names the analysis, e.g. "loops".
+        context never frees either); a `release()` method, if it has one, is called by
+        `close()`. `key` names the analysis, e.g. "loops".
         """
         try:
             return self._shared[key]  # type: ignore[return-value]
         except KeyError:
             value = self._shared[key] = build(self)
             return value
+
+    def close(self) -> None:
+        """Release the shared analyses: they and the syntax tree refer to each other,
+        and such cycles are freed only by the cyclic garbage collector, which then walks
+        every node of every tree (a quarter of a whole-tree run). After this, reference
+        counting frees the tree as soon as the file is done."""
+        for value in self._shared.values():
+            release = getattr(value, "release", None)
+            if release is not None:
+                release()
+        self._shared.clear()
+        self.stack.clear()
 
     def targets_torch_at_least(self, major: int, minor: int) -> bool:
         """Whether the configured target torch version is known to be >= major.minor.

@@ -152,8 +152,11 @@ def check_source(
         return not rule.triggers
 
     active = [cls(ctx) for cls in rules if triggered(cls)]
-    if active:
-        _run_rules(ctx, active)
+    try:
+        if active:
+            _run_rules(ctx, active)
+    finally:
+        ctx.close()
     return apply_noqa(ctx.findings, source)
 
 

@@ -564,28 +564,10 @@ def dotted(node: ast.AST) -> str | None:
 
 # -- the per-file object --------------------------------------------------------------
 
-# The flow of the file being checked. Files are checked one after the other, so
-# one slot suffices; the previous file's facts are released as soon as the next
-# file asks (keeping them would keep every file's syntax tree alive).
-_current: list[FileFlow] = []
-
-
-def forget(ctx: FileContext) -> None:
-    """Drop the flow of `ctx` now (the engine is done with the file), so that its
-    syntax tree is freed with the file rather than when the next file asks."""
-    if _current and _current[0].ctx is ctx:
-        _current.pop().release()
-
 
 def file_flow(ctx: FileContext) -> FileFlow:
     """The FileFlow of `ctx`, shared by every rule checking that file."""
-    if _current and _current[0].ctx is ctx:
-        return _current[0]
-    if _current:
-        _current.pop().release()
-    found = FileFlow(ctx)
-    _current.append(found)
-    return found
+    return ctx.shared("flow", FileFlow)
 
 
 class FileFlow:

@@ -481,23 +481,25 @@ def post_order_calls(node: ast.AST) -> list[ast.Call]:
     Does not enter nested function/class definitions or lambdas.
     """
     out: list[ast.Call] = []
-    table = child_fields(want_operators=False)
-    skip = _skipped_by_post_order()
-
-    def visit(n: ast.AST) -> None:
-        for name in table.get(n.__class__, n._fields):
-            value = getattr(n, name, None)
-            if value.__class__ is list:
-                for child in value:
-                    if child.__class__ not in skip and isinstance(child, ast.AST):
-                        visit(child)
-            elif value.__class__ not in skip and isinstance(value, ast.AST):
-                visit(value)
-        if n.__class__ is ast.Call:
-            out.append(n)  # type: ignore[arg-type]
-
-    visit(node)
+    _post_order(node, child_fields(want_operators=False), _skipped_by_post_order(), out)
     return out
+
+
+def _post_order(
+    n: ast.AST, table: dict[type, tuple[str, ...]], skip: frozenset[type], out: list[ast.Call]
+) -> None:
+    # a module-level function: a closure calling itself is a reference cycle, left to the
+    # cyclic garbage collector on every call
+    for name in table.get(n.__class__, n._fields):
+        value = getattr(n, name, None)
+        if value.__class__ is list:
+            for child in value:
+                if child.__class__ not in skip and isinstance(child, ast.AST):
+                    _post_order(child, table, skip, out)
+        elif value.__class__ not in skip and isinstance(value, ast.AST):
+            _post_order(value, table, skip, out)
+    if n.__class__ is ast.Call:
+        out.append(n)  # type: ignore[arg-type]
 
 
 @functools.cache
@@ -865,6 +867,18 @@ class FileLoops:
             else:
                 todo.extend(reversed(child_statements(stmt)))
 
+    def release(self) -> None:
+        """Break the cycles (each function refers to this file, callers to callees,
+        summaries to their file) so that reference counting frees the syntax tree."""
+        for fi in (self.module, *self.functions):
+            vars(fi).clear()
+        vars(self).clear()
+        while _EVICTED:
+            sibling = _EVICTED.pop()
+            if sibling is not self:
+                sibling.ctx.close()
+                sibling.release()
+
     def all_functions(self) -> list[FunctionInfo]:
         return [self.module, *self.functions]
 
@@ -1211,6 +1225,9 @@ class FileLoops:
 
 _SIBLINGS: OrderedDict[tuple[str, int, int], FileLoops | None] = OrderedDict()
 _SIBLING_LIMIT = 64
+# Siblings dropped from the cache while a file is checked: the analysis in progress may
+# still be using them, so they are released (their cycles broken) with that file.
+_EVICTED: list[FileLoops] = []
 _MAX_SIBLING_BYTES = 400_000
 
 
@@ -1281,7 +1298,9 @@ def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:
             result = None
     _SIBLINGS[key] = result
     if len(_SIBLINGS) > _SIBLING_LIMIT:
-        _SIBLINGS.popitem(last=False)
+        evicted = _SIBLINGS.popitem(last=False)[1]
+        if evicted is not None:
+            _EVICTED.append(evicted)
     return result
 
 

@@ -134,6 +134,8 @@ def collect(
                     )
         except RecursionError:
             continue
+        finally:
+            ctx.close()
     return {name: tuple(found) for name, found in facts.items()}
 
 

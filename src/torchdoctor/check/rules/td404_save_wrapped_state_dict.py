@@ -190,23 +190,26 @@ class SaveWrappedStateDict(Rule):
 
 def _calls_with_parents(fi: FunctionInfo) -> list[tuple[ast.Call, tuple[ast.AST, ...]]]:
     out: list[tuple[ast.Call, tuple[ast.AST, ...]]] = []
-
-    def visit(node: ast.AST, parents: tuple[ast.AST, ...]) -> None:
-        for child in iter_children(node):
-            if isinstance(
-                child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda
-            ):
-                continue
-            if isinstance(child, ast.Call):
-                out.append((child, (*parents, node)))
-            visit(child, (*parents, node))
-
     for stmt in fi.body:
         if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             if isinstance(stmt, ast.Call):
                 out.append((stmt, ()))
-            visit(stmt, (stmt,))
+            _collect_calls(stmt, (stmt,), out)
     return out
+
+
+def _collect_calls(
+    node: ast.AST,
+    parents: tuple[ast.AST, ...],
+    out: list[tuple[ast.Call, tuple[ast.AST, ...]]],
+) -> None:
+    # not a closure: one that calls itself is a reference cycle for the cyclic GC
+    for child in iter_children(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        if isinstance(child, ast.Call):
+            out.append((child, (*parents, node)))
+        _collect_calls(child, (*parents, node), out)
 
 
 def _guarded(parents: tuple[ast.AST, ...]) -> bool:
