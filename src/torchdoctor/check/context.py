@@ -7,7 +7,7 @@ import bisect
 import functools
 import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from torchdoctor.check.rule import Edit, Finding, Fix, FixAvailability
@@ -78,6 +78,11 @@ _SCALAR_FIELDS = frozenset(
     {"id", "attr", "name", "asname", "arg", "module", "level", "kind", "conversion"}
     | {"is_async", "simple", "type_comment", "tag", "n", "s", "rest", "kwd_attrs"}
 )
+# Every statement class of this Python's ast module
+STATEMENTS = frozenset(
+    cls for cls in vars(ast).values() if isinstance(cls, type) and issubclass(cls, ast.stmt)
+)
+
 OPERATOR_TYPES = tuple(
     cls
     for cls in vars(ast).values()
@@ -222,6 +227,24 @@ class FileContext:
             return None
         name = self.qualname(func)
         return name if name in names else None
+
+    def call_needles(self, names: frozenset[str]) -> tuple[str, ...]:
+        """What the text of a call `call_name_in(call, names)` accepts always holds: the
+        callee's last name, or the local name an import binds to one of `names`."""
+        aliases = [local for local, target in self.imports.items() if target in names]
+        return (*_last_names(names), *aliases)
+
+    def lines_holding(self, needles: Iterable[str]) -> list[int]:
+        """The line of every occurrence of a needle, ascending (repeats kept)."""
+        source = self.source
+        found = []
+        for needle in needles:
+            at = source.find(needle)
+            while at >= 0:
+                found.append(self.line_of_offset(at))
+                at = source.find(needle, at + len(needle))
+        found.sort()
+        return found
 
     # -- ancestry ---------------------------------------------------------
     def enclosing(self, *types: type[ast.AST]) -> ast.AST | None:

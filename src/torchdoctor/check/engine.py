@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import io
 import re
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.config import Settings
-from torchdoctor.check.context import OPERATOR_TYPES, FileContext, child_fields
+from torchdoctor.check.context import OPERATOR_TYPES, STATEMENTS, FileContext, child_fields
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
@@ -185,6 +186,7 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
         )
 
     stack = ctx.stack
+    lines = _needle_lines(ctx, active)
     fields_of = child_fields(want_operators=any(t in OPERATOR_TYPES for t in dispatch))
     # Nodes with no children and no visitor (names, constants, contexts) are not entered;
     # nor are the non-node values a field may hold (None in `{**d}` keys, `global` names).
@@ -223,10 +225,20 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
                 elif value.__class__ not in skip:
                     children.append(value)  # type: ignore[arg-type]  # a node: see `skip`
             if children:
+                if lines is not None:  # leave out the statements no visitor can report in
+                    children = [c for c in children if c.__class__ not in STATEMENTS or holds(c)]
                 stack.append(node)
                 push(None)
                 children.reverse()
                 todo.extend(children)
+
+    def holds(stmt: ast.stmt) -> bool:
+        """Whether a line of `stmt` (its decorators included) holds a needle."""
+        assert lines is not None
+        decorators = getattr(stmt, "decorator_list", None)
+        first = decorators[0].lineno if decorators else stmt.lineno
+        at = bisect.bisect_left(lines, first)
+        return at < len(lines) and lines[at] <= (stmt.end_lineno or stmt.lineno)
 
     # The walk and the rules' own analyses in finish() recurse over the tree: any tree
     # the parser accepts (at the default limit) fits in this one.
@@ -250,6 +262,19 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
                 fail(rule, exc, None)
     finally:
         sys.setrecursionlimit(limit)
+
+
+def _needle_lines(ctx: FileContext, active: list[Rule]) -> list[int] | None:
+    """The lines holding a needle of a visiting rule, when every visiting rule names
+    needles (see `Rule.visit_needles`); None when the whole tree must be walked."""
+    needles: set[str] = set()
+    for rule in active:
+        if rule.node_types:
+            found = rule.visit_needles()
+            if found is None:
+                return None
+            needles.update(found)
+    return sorted(set(ctx.lines_holding(needles)))
 
 
 # -- suppression ----------------------------------------------------------------------

@@ -2884,13 +2884,6 @@ def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern
     return [ctx.line_of_offset(s) for s in sorted(starts) if pattern.match(source, s)]
 
 
-def lines_holding(ctx: FileContext, *needles: str) -> list[int]:
-    """The line of every occurrence of a needle, ascending (repeats kept)."""
-    return sorted(
-        ctx.line_of_offset(at) for needle in needles for at in _offsets(ctx.source, needle)
-    )
-
-
 def _offsets(source: str, needle: str) -> Iterator[int]:
     """Where `needle` occurs in `source`, found with `str.find` (no overlaps)."""
     at = source.find(needle)
@@ -2901,7 +2894,7 @@ def _offsets(source: str, needle: str) -> Iterator[int]:
 
 def scopes_with(ff: FileFlow, *needles: str) -> list[ScopeNode]:
     """The scopes (module-level code, functions) whose own code contains a needle."""
-    return ff.scopes_at(lines_holding(ff.ctx, *needles))
+    return ff.scopes_at(ff.ctx.lines_holding(needles))
 
 
 def _skip(self: ScopeFlow, stmt: ast.stmt) -> None:

@@ -85,6 +85,16 @@ class Rule:
     def visit(self, node: ast.AST) -> None:
         """Called for each node of a type in `node_types`."""
 
+    def visit_needles(self) -> tuple[str, ...] | None:
+        """Substrings every node this rule's `visit` reports on holds in its own source
+        text (a `.cuda()` call holds "cuda"); None (the default): no such promise.
+
+        When every rule visiting a file makes this promise, the engine walks only the
+        statements whose lines hold a needle, not the whole tree. So `visit` must
+        report only on such nodes, and keep no state from the nodes it is shown.
+        """
+        return None
+
     def finish(self) -> None:
         """Called once after the walk."""
 

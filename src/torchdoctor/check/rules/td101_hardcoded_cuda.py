@@ -207,6 +207,9 @@ class HardcodedCuda(Rule):
         elif not self._literals:
             skip_visits(self, keep=(ast.Call,))
 
+    def visit_needles(self) -> tuple[str, ...]:
+        return ("cuda",)  # `.cuda()` or a "cuda..." string
+
     # -- what is hardcoded ------------------------------------------------------
     def visit(self, node: ast.AST) -> None:
         if self._file_is_cuda_only:

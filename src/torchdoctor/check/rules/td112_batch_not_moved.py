@@ -89,7 +89,7 @@ class BatchNotMoved(Rule):
         strong = flow.lines_matching(self.ctx, _LOADER_WORDS, _FOR_IN_LOADER)
         if "next(" in source or "DataLoader(" in source:
             strong.extend(line_of(m.start()) for m in _NEXT_ITER.finditer(source))
-            strong.extend(flow.lines_holding(self.ctx, "DataLoader("))
+            strong.extend(self.ctx.lines_holding(("DataLoader(",)))
             strong.sort()
         weak = flow.lines_matching(self.ctx, ("batch",), _FOR_IN_BATCHES)
         # module-level code (a script, a notebook) is cheap: analysed whenever it moves

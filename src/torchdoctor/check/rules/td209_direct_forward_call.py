@@ -74,6 +74,9 @@ class DirectForwardCall(Rule):
         super().__init__(ctx)
         self._plain: set[str] | None = None
 
+    def visit_needles(self) -> tuple[str, ...]:
+        return ("forward",)
+
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
         func = node.func

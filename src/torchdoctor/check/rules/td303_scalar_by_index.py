@@ -91,6 +91,9 @@ class ScalarByIndex(Rule):
         self._relevant: dict[int, bool] = {}
         self._assigned_names: dict[str, bool] = {}
 
+    def visit_needles(self) -> tuple[str, ...]:
+        return ("[0]",)
+
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Subscript)
         index = node.slice

@@ -85,6 +85,9 @@ class SaveWholeModel(Rule):
         if not has_word(ctx.source, "save"):
             skip_visits(self)  # `x.save(` or an import of torch's `save` names the word
 
+    def visit_needles(self) -> tuple[str, ...]:
+        return self.ctx.call_needles(_SAVES)
+
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
         if not node.args or self.ctx.call_name_in(node, _SAVES) is None:

@@ -66,6 +66,9 @@ class LoadWithoutMapLocation(Rule):
         if not has_word(ctx.source, "load"):
             skip_visits(self)  # `x.load(` or an import of torch's `load` names the word
 
+    def visit_needles(self) -> tuple[str, ...]:
+        return self.ctx.call_needles(_TORCH_LOAD)
+
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
         if not node.args or self.ctx.call_name_in(node, _TORCH_LOAD) is None:

@@ -54,6 +54,9 @@ class LoadUnsafe(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("weights_only",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call,)
 
+    def visit_needles(self) -> tuple[str, ...]:
+        return ("weights_only",)
+
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
         unsafe = next(

@@ -99,6 +99,9 @@ class DeprecatedVariable(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("Variable",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call,)
 
+    def visit_needles(self) -> tuple[str, ...]:
+        return self.ctx.call_needles(_VARIABLE)
+
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
         if self.ctx.call_name_in(node, _VARIABLE) is None:

@@ -64,6 +64,9 @@ class CheckpointReentrant(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("checkpoint",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call,)
 
+    def visit_needles(self) -> tuple[str, ...]:
+        return self.ctx.call_needles(_CHECKPOINT_NAMES)
+
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
         name = self.ctx.call_name_in(node, _CHECKPOINT_NAMES)
