@@ -7,6 +7,7 @@ rules that check a loss against the activation of its input.
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 
 from torchdoctor.check import flow
@@ -62,12 +63,19 @@ def loss_calls(ctx: FileContext, kinds: frozenset[str]) -> list[tuple[FunctionIn
         if "Loss(" in ctx.source
         else set()
     )
+    # a loss call's text names the loss, an instance of it or an import alias of it: only
+    # statements on such lines are searched for calls
+    aliases = [local for local, target in ctx.imports.items() if target in _LOSS_FUNCTIONS]
+    lines = sorted(set(ctx.lines_holding((*_LOSS_WORDS, *instances, *aliases))))
     found = []
     for fi in fl.all_functions():
         if not any(w in fi.text for w in _LOSS_WORDS) and not any(i in fi.text for i in instances):
             continue
         for stmt in fi.own_statements():
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                continue
+            at = bisect.bisect_left(lines, stmt.lineno)
+            if at == len(lines) or lines[at] > (stmt.end_lineno or stmt.lineno):
                 continue
             for node in _shallow_calls(stmt):
                 key = dotted(node.func)
