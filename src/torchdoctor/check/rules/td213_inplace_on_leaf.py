@@ -132,11 +132,11 @@ class InplaceOnLeaf(Rule):
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
             text = fi.text
-            if not _INPLACE_TEXT.search(text):
-                continue  # nothing is updated in place here
             forward = fi.cls is not None and fi.name == "forward" and "self." in text
             if not forward and not any(t in text for t in _LEAF_WORDS):
-                continue
+                continue  # no leaf made or named here (cheap: substrings before the regex)
+            if not _INPLACE_TEXT.search(text):
+                continue  # nothing is updated in place here
             if not fi.is_module and is_no_grad_decorated(self.ctx, fi.node):  # type: ignore[arg-type]
                 continue
             leaves = self._leaves(fi, self._class_parameters(fl, fi) if forward else {})
