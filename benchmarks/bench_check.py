@@ -100,21 +100,36 @@ def run_once(command: Sequence[str], env: dict[str, str] | None) -> tuple[float,
     return wall, cpu
 
 
-def measure(
-    name: str, command: Sequence[str], runs: int, env: dict[str, str] | None = None
-) -> Timing:
-    run_once(command, env)  # warm-up: file cache, .pyc files
-    timing = Timing(name, [], [])
+Job = tuple[str, Sequence[str], dict[str, str] | None]  # name, command, extra environment
+
+
+def measure(jobs: Sequence[Job], runs: int) -> list[Timing]:
+    """Time each command `runs` times, in rounds (a, b, c, a, b, c, ...).
+
+    The VM's speed drifts by 10% or more over minutes; interleaved, the commands
+    compared in one round see about the same drift (`round_ratios`)."""
+    for _, command, env in jobs:
+        run_once(command, env)  # warm-up: file cache, .pyc files
+    timings = [Timing(name, [], []) for name, _, _ in jobs]
     for _ in range(runs):
-        wall, cpu = run_once(command, env)
-        timing.wall.append(wall)
-        timing.cpu.append(cpu)
-    print(
-        f"  {name:<34} wall {timing.wall_median:7.2f} s   cpu {timing.cpu_median:7.2f} s"
-        f"   (runs: {', '.join(f'{w:.2f}' for w in timing.wall)})",
-        flush=True,
-    )
-    return timing
+        for timing, (_, command, env) in zip(timings, jobs, strict=True):
+            wall, cpu = run_once(command, env)
+            timing.wall.append(wall)
+            timing.cpu.append(cpu)
+    for timing in timings:
+        print(
+            f"  {timing.name:<34} wall {timing.wall_median:7.2f} s   cpu {timing.cpu_median:7.2f} s"
+            f"   (runs: {', '.join(f'{w:.2f}' for w in timing.wall)})",
+            flush=True,
+        )
+    return timings
+
+
+def round_ratios(a: Timing, b: Timing) -> str:
+    """a's CPU over b's, round by round (measured minutes apart at most), and the median."""
+    ratios = [x / y for x, y in zip(a.cpu, b.cpu, strict=False)]
+    shown = ", ".join(f"{r:.2f}" for r in ratios)
+    return f"{statistics.median(ratios):.2f}x (rounds: {shown})"
 
 
 # -- peers ------------------------------------------------------------------------------------
@@ -244,26 +259,37 @@ def main() -> None:
     ruff += ["--no-respect-gitignore", "--select", "E,F,W", "-q", str(tree)]
 
     results: dict[str, Timing] = {}
-    print("one process:")
-    results["parse1"] = measure(
-        "bare ast.parse", [py, here, "--parse-files", str(list_file)], args.runs
+    print("one process (interleaved rounds):")
+    one = measure(
+        [
+            ("bare ast.parse", [py, here, "--parse-files", str(list_file)], None),
+            ("torchdoctor check -j1", [*td, "-j1"], None),
+            ("ruff check (1 thread)", ruff, {"RAYON_NUM_THREADS": "1"}),
+        ],
+        args.runs,
     )
-    results["td1"] = measure("torchdoctor check -j1", [*td, "-j1"], args.runs)
-    results["ruff1"] = measure("ruff check (1 thread)", ruff, args.runs, {"RAYON_NUM_THREADS": "1"})
+    results.update(zip(("parse1", "td1", "ruff1"), one, strict=True))
     tf = None if args.skip_torchfix else torchfix_command()
     if tf is not None:
-        results["torchfix1"] = measure(
-            f"TorchFix -j1 ({version_of(tf)})", [*tf, "-j", "1", str(tree)], args.torchfix_runs
+        name = f"TorchFix -j1 ({version_of(tf)})"
+        (results["torchfix1"],) = measure(
+            [(name, [*tf, "-j", "1", str(tree)], None)], args.torchfix_runs
         )
     if cores > 1:
-        print(f"{cores} processes:")
-        results["parseN"] = measure(
-            f"bare ast.parse ({cores} procs)",
-            [py, here, "--parse-files", str(list_file), "--procs", str(cores)],
+        print(f"{cores} processes (interleaved rounds):")
+        many = measure(
+            [
+                (
+                    f"bare ast.parse ({cores} procs)",
+                    [py, here, "--parse-files", str(list_file), "--procs", str(cores)],
+                    None,
+                ),
+                (f"torchdoctor check -j{cores}", [*td, f"-j{cores}"], None),
+                ("ruff check (all threads)", ruff, None),
+            ],
             args.runs,
         )
-        results["tdN"] = measure(f"torchdoctor check -j{cores}", [*td, f"-j{cores}"], args.runs)
-        results["ruffN"] = measure("ruff check (all threads)", ruff, args.runs)
+        results.update(zip(("parseN", "tdN", "ruffN"), many, strict=True))
 
     def ratio(a: str, b: str, kind: str) -> str:
         if a not in results or b not in results:
@@ -275,6 +301,8 @@ def main() -> None:
     print("ratios (cpu time; wall time):")
     print(f"  torchdoctor -j1 / bare parse:  {ratio('td1', 'parse1', 'cpu')}; "
           f"{ratio('td1', 'parse1', 'wall')}   (goal <= 3x)")  # fmt: skip
+    print(f"  torchdoctor -j1 / bare parse, CPU round by round: "
+          f"{round_ratios(results['td1'], results['parse1'])}")  # fmt: skip
     if cores > 1:
         print(f"  torchdoctor -jN / bare parse -N: {ratio('tdN', 'parseN', 'cpu')}; "
               f"{ratio('tdN', 'parseN', 'wall')}")  # fmt: skip

@@ -64,3 +64,23 @@ ratios (cpu time; wall time):
     assert "- files: 2328 (.py/.pyi)" in text
     raw = run_all.check_speed_section(run_all.StepResult("check", "c", "ok", 1.0, "odd\n"))
     assert "```text\nodd\n```" in raw  # nothing to parse: the output itself is kept
+
+
+def test_bench_check_interleaves_rounds_and_compares_them_pairwise() -> None:
+    spec = importlib.util.spec_from_file_location("bench_check", BENCHMARKS / "bench_check.py")
+    assert spec is not None and spec.loader is not None
+    bench_check = importlib.util.module_from_spec(spec)
+    sys.modules["bench_check"] = bench_check  # its dataclasses look their module up
+    spec.loader.exec_module(bench_check)
+    calls: list[str] = []
+
+    def fake_run(command: list[str], env: object) -> tuple[float, float]:
+        calls.append(command[0])
+        return 1.0, {"parse": 2.0, "check": 5.0}[command[0]] * (1 + len(calls) / 100)
+
+    bench_check.run_once = fake_run
+    parse, check = bench_check.measure([("p", ["parse"], None), ("c", ["check"], None)], 3)
+    assert calls == ["parse", "check"] * 4  # a warm-up each, then three a-b rounds
+    assert len(parse.cpu) == len(check.cpu) == 3
+    text = bench_check.round_ratios(check, parse)
+    assert text == "2.52x (rounds: 2.52, 2.52, 2.52)"
