@@ -33,3 +33,29 @@ def test_prefilter_on_names_whose_lower_case_is_longer() -> None:
     names = "İval\nx\nvalidate\nmodel_İ"  # "İ".lower() is two characters
     assert loops._lines_with(loops._EVALISH_PIECES, names) == {"İval", "validate"}
     assert loops._lines_with(loops._MODELISH_PIECES, names) == {"model_İ"}
+
+
+def test_holds_answers_as_a_plain_substring_test() -> None:
+    """FileContext.holds looks for word needles among the file's words first: it must
+    answer exactly `needle in source`, for every trigger of every rule and odd needles."""
+    import ast
+
+    from torchdoctor.check.context import FileContext
+    from torchdoctor.check.project import ProjectIndex
+    from torchdoctor.check.registry import rule_classes
+
+    odd = '3d_conv = éval_x + model.to(dev)[0] # "cuda:0" x.cuda.amp\nnet2.forward(y)\n'
+    sources = [odd, "x = 1\n"]
+    sources += [
+        p.read_text(encoding="utf-8") for p in (Path(__file__).parent / "fixtures").glob("*.py")
+    ]
+    needles = {t for rule in rule_classes() for t in rule.triggers}
+    needles |= {"d_conv", "conv", "val", "éval", "3d", "[0]", "to(", "cuda:0", "amp\nnet", "2.f"}
+    checked = 0
+    for source in sources:
+        # (holds reads only the text: the odd source need not parse)
+        ctx = FileContext("x.py", source, ast.parse(""), ProjectIndex.build([]))
+        for needle in needles:
+            assert ctx.holds(needle) == (needle in source), (needle, source[:60])
+            checked += needle in source
+    assert checked > 100  # most answers above were yes: the test sees both kinds

@@ -151,6 +151,21 @@ def walk(node: ast.AST) -> Iterator[ast.AST]:
 _LISTS_WITH_NON_NODES = frozenset({ast.Dict, ast.arguments, ast.Global, ast.Nonlocal})
 
 
+# A word as `words` finds them: it starts at a letter or underscore (in "3d_conv" the
+# word found is "d_conv", which still holds every needle that starts with a letter)
+IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+@functools.cache
+def _needle_plan(needle: str) -> tuple[str | None, bool]:
+    """(the word of `needle` to look for among the file's words, or None; whether the
+    text itself must then be searched too)."""
+    if IDENTIFIER.fullmatch(needle):
+        return needle, False
+    pieces = IDENTIFIER.findall(needle)
+    return (max(pieces, key=len) if pieces else None), True
+
+
 @functools.cache
 def _last_names(names: frozenset[str]) -> frozenset[str]:
     """`torch.save` -> `save`: what an attribute call of one of `names` ends with."""
@@ -183,6 +198,8 @@ class FileContext:
         self._line_starts: list[int] | None = None
         self._lines: list[str] | None = None
         self._shared: dict[str, object] = {}
+        self._words: frozenset[str] | None = None
+        self._word_text: str | None = None
 
     # -- names ------------------------------------------------------------
     @property
@@ -227,6 +244,30 @@ class FileContext:
             return None
         name = self.qualname(func)
         return name if name in names else None
+
+    @property
+    def words(self) -> frozenset[str]:
+        """Every identifier-like word of the text, comments and strings included (one
+        regex scan, shared by the trigger tests and the training-loop analysis)."""
+        if self._words is None:
+            self._words = frozenset(IDENTIFIER.findall(self.source))
+        return self._words
+
+    def holds(self, needle: str) -> bool:
+        """Whether `needle` occurs in the text.
+
+        A needle absent from the text costs a pass over all of it; a needle made of word
+        characters lies inside a word of `words`, whose distinct words are far shorter
+        than the text, so they are searched first (for any other needle, its longest
+        word: `.to(` cannot occur without `to`).
+        """
+        piece, whole = _needle_plan(needle)
+        if piece is not None:
+            if self._word_text is None:
+                self._word_text = "\n".join(self.words)
+            if piece not in self._word_text:
+                return False
+        return not whole or needle in self.source
 
     def call_needles(self, names: frozenset[str]) -> tuple[str, ...]:
         """What the text of a call `call_name_in(call, names)` accepts always holds: the

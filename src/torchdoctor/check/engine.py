@@ -147,7 +147,7 @@ def check_source(
         for trigger in rule.triggers:
             found = present.get(trigger)
             if found is None:
-                found = present[trigger] = trigger in source
+                found = present[trigger] = ctx.holds(trigger)
             if found:
                 return True
         return not rule.triggers

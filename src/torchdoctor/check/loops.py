@@ -31,7 +31,13 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from torchdoctor.check.context import FileContext, child_fields, child_statements, walk
+from torchdoctor.check.context import (
+    IDENTIFIER,
+    FileContext,
+    child_fields,
+    child_statements,
+    walk,
+)
 
 FuncNode = ast.FunctionDef | ast.AsyncFunctionDef
 LoopNode = ast.For | ast.AsyncFor | ast.While
@@ -164,9 +170,6 @@ _TORCH_HINTS = ("torch", "lightning", "accelerate", ".backward(", ".eval()", "no
 def is_torch_file(source: str) -> bool:
     """Code that may train or evaluate a PyTorch model (not the stdlib, not NumPy code)."""
     return any(hint in source for hint in _TORCH_HINTS)
-
-
-_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
 
 # Pieces of identifiers that may be eval-ish / model-ish (lowercase): every word of
@@ -734,7 +737,7 @@ class FunctionInfo:
         """Every identifier in this function's text (one regex scan, cached)."""
         if self._identifiers is None:
             self._identifiers = (
-                self.file.words() if self.is_module else frozenset(_IDENTIFIER.findall(self.text))
+                self.file.words() if self.is_module else frozenset(IDENTIFIER.findall(self.text))
             )
         return self._identifiers
 
@@ -839,7 +842,6 @@ class FileLoops:
         self._model_keys: dict[str, bool] = {}
         self._module_models: frozenset[str] | None = None
         self._model_roots: frozenset[str] | None = None
-        self._words: frozenset[str] | None = None
         self._evaluation_words: list[str] | None = None
         self._model_words: list[str] | None = None
         self._sensitive: dict[str, bool | None] = {}
@@ -914,9 +916,7 @@ class FileLoops:
     # -- where words occur (one scan of the source per kind of word) -----------------
     def words(self) -> frozenset[str]:
         """Every identifier of the file (one scan, shared by the word questions below)."""
-        if self._words is None:
-            self._words = frozenset(_IDENTIFIER.findall(self.ctx.source))
-        return self._words
+        return self.ctx.words
 
     def evaluation_words(self) -> list[str]:
         """The eval-ish identifiers of the file, with `no_grad` / `inference_mode`."""
