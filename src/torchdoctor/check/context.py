@@ -166,6 +166,22 @@ def _needle_plan(needle: str) -> tuple[str | None, bool]:
     return (max(pieces, key=len) if pieces else None), True
 
 
+def offsets(source: str, needle: str) -> Iterator[int]:
+    """Where `needle` occurs in `source`, found with `str.find` (no overlaps)."""
+    at = source.find(needle)
+    while at >= 0:
+        yield at
+        at = source.find(needle, at + len(needle))
+
+
+def spans_a_line(stmt: ast.stmt, lines: list[int]) -> bool:
+    """Whether one of `lines` (ascending) is a line of `stmt`, its decorators included."""
+    decorators = getattr(stmt, "decorator_list", None)
+    first = decorators[0].lineno if decorators else stmt.lineno
+    at = bisect.bisect_left(lines, first)
+    return at < len(lines) and lines[at] <= (stmt.end_lineno or stmt.lineno)
+
+
 @functools.cache
 def _last_names(names: frozenset[str]) -> frozenset[str]:
     """`torch.save` -> `save`: what an attribute call of one of `names` ends with."""
@@ -276,16 +292,11 @@ class FileContext:
         return (*_last_names(names), *aliases)
 
     def lines_holding(self, needles: Iterable[str]) -> list[int]:
-        """The line of every occurrence of a needle, ascending (repeats kept)."""
-        source = self.source
-        found = []
-        for needle in needles:
-            at = source.find(needle)
-            while at >= 0:
-                found.append(self.line_of_offset(at))
-                at = source.find(needle, at + len(needle))
-        found.sort()
-        return found
+        """The lines holding a needle, ascending, each once."""
+        found = {
+            self.line_of_offset(at) for needle in needles for at in offsets(self.source, needle)
+        }
+        return sorted(found)
 
     # -- ancestry ---------------------------------------------------------
     def enclosing(self, *types: type[ast.AST]) -> ast.AST | None:

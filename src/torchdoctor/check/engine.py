@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import bisect
 import io
 import re
 import sys
@@ -14,7 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.config import Settings
-from torchdoctor.check.context import OPERATOR_TYPES, STATEMENTS, FileContext, child_fields
+from torchdoctor.check.context import (
+    OPERATOR_TYPES,
+    STATEMENTS,
+    FileContext,
+    child_fields,
+    spans_a_line,
+)
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
@@ -226,19 +231,15 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
                     children.append(value)  # type: ignore[arg-type]  # a node: see `skip`
             if children:
                 if lines is not None:  # leave out the statements no visitor can report in
-                    children = [c for c in children if c.__class__ not in STATEMENTS or holds(c)]
+                    children = [
+                        c
+                        for c in children
+                        if c.__class__ not in STATEMENTS or spans_a_line(c, lines)
+                    ]
                 stack.append(node)
                 push(None)
                 children.reverse()
                 todo.extend(children)
-
-    def holds(stmt: ast.stmt) -> bool:
-        """Whether a line of `stmt` (its decorators included) holds a needle."""
-        assert lines is not None
-        decorators = getattr(stmt, "decorator_list", None)
-        first = decorators[0].lineno if decorators else stmt.lineno
-        at = bisect.bisect_left(lines, first)
-        return at < len(lines) and lines[at] <= (stmt.end_lineno or stmt.lineno)
 
     # The walk and the rules' own analyses in finish() recurse over the tree: any tree
     # the parser accepts (at the default limit) fits in this one.
@@ -274,7 +275,7 @@ def _needle_lines(ctx: FileContext, active: list[Rule]) -> list[int] | None:
             if found is None:
                 return None
             needles.update(found)
-    return sorted(set(ctx.lines_holding(needles)))
+    return ctx.lines_holding(needles)
 
 
 # -- suppression ----------------------------------------------------------------------

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.context import child_statements, iter_children, walk
+from torchdoctor.check.context import child_statements, iter_children, offsets, walk
 from torchdoctor.check.project import KNOWN_MODULE_BASES
 
 if TYPE_CHECKING:
@@ -2878,18 +2878,8 @@ def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern
     lies on one line and holds a needle, without trying the pattern at every position.
     """
     source = ctx.source
-    starts = {
-        source.rfind("\n", 0, at) + 1 for needle in needles for at in _offsets(source, needle)
-    }
+    starts = {source.rfind("\n", 0, at) + 1 for needle in needles for at in offsets(source, needle)}
     return [ctx.line_of_offset(s) for s in sorted(starts) if pattern.match(source, s)]
-
-
-def _offsets(source: str, needle: str) -> Iterator[int]:
-    """Where `needle` occurs in `source`, found with `str.find` (no overlaps)."""
-    at = source.find(needle)
-    while at >= 0:
-        yield at
-        at = source.find(needle, at + len(needle))
 
 
 def scopes_with(ff: FileFlow, *needles: str) -> list[ScopeNode]:

@@ -7,11 +7,10 @@ rules that check a loss against the activation of its input.
 from __future__ import annotations
 
 import ast
-import bisect
 import re
 
 from torchdoctor.check import flow
-from torchdoctor.check.context import FileContext, iter_children, walk
+from torchdoctor.check.context import FileContext, iter_children, spans_a_line, walk
 from torchdoctor.check.loops import FileLoops, FunctionInfo, analysis, dotted, sibling_file
 
 SOFTMAX = "softmax"
@@ -46,6 +45,7 @@ _LOSS_FUNCTIONS = {
     "torch.nn.functional.binary_cross_entropy": BCE,
     "torch.nn.functional.binary_cross_entropy_with_logits": BCE_LOGITS,
 }
+_LOSS_FUNCTION_NAMES = frozenset(_LOSS_FUNCTIONS)
 _LOSS_MODULES = {
     "torch.nn.CrossEntropyLoss": CROSS_ENTROPY,
     "torch.nn.NLLLoss": NLL,
@@ -65,8 +65,7 @@ def loss_calls(ctx: FileContext, kinds: frozenset[str]) -> list[tuple[FunctionIn
     )
     # a loss call's text names the loss, an instance of it or an import alias of it: only
     # statements on such lines are searched for calls
-    aliases = [local for local, target in ctx.imports.items() if target in _LOSS_FUNCTIONS]
-    lines = sorted(set(ctx.lines_holding((*_LOSS_WORDS, *instances, *aliases))))
+    lines = ctx.lines_holding((*_LOSS_WORDS, *instances, *ctx.call_needles(_LOSS_FUNCTION_NAMES)))
     found = []
     for fi in fl.all_functions():
         if not any(w in fi.text for w in _LOSS_WORDS) and not any(i in fi.text for i in instances):
@@ -74,8 +73,7 @@ def loss_calls(ctx: FileContext, kinds: frozenset[str]) -> list[tuple[FunctionIn
         for stmt in fi.own_statements():
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 continue
-            at = bisect.bisect_left(lines, stmt.lineno)
-            if at == len(lines) or lines[at] > (stmt.end_lineno or stmt.lineno):
+            if not spans_a_line(stmt, lines):
                 continue
             for node in _shallow_calls(stmt):
                 key = dotted(node.func)
