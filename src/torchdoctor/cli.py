@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "torchdoctor.runtime.env_cli",
     "torchdoctor.explain.cli",
     "torchdoctor.runtime.run_cli",
+    "torchdoctor.server.cli",
 )
 
 EXIT_OK = 0

@@ -57,7 +57,7 @@ class Finding:
     end_column: int
     fix: Fix | None = None
     hint: str | None = None
-    # Lines on which a `# noqa` also silences this finding (first/last line of the statement).
+    # Lines on which a noqa comment also silences this finding (first/last line of the statement).
     noqa_lines: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
 
