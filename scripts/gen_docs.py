@@ -301,6 +301,7 @@ README_GUIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "guides/explain.md": ("Explain errors", ("Explain errors",)),
     "guides/virtual-accelerator.md": ("Virtual accelerator", ("Virtual accelerator",)),
     "guides/pre-commit-and-flake8.md": ("pre-commit and flake8", ("pre-commit and flake8",)),
+    "guides/editors.md": ("Editors", ("Editors",)),
 }
 # a Markdown link to a repository file (not a web page, not an anchor): kept as plain text
 _RELATIVE_LINK = re.compile(r"\[([^\]]+)\]\((?!https?://|mailto:|#)[^)]*\)")
