@@ -19,12 +19,18 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: venv
-	@echo "== torchdoctor check examples/  (static: finds the bugs before anything runs)"
-	@$(BIN)/torchdoctor check examples/ --no-cache; test $$? -le 1
+	@echo "== 1. torchdoctor check examples/buggy  (static: finds the bugs before anything runs)"
+	@$(BIN)/torchdoctor check examples/buggy --no-cache; test $$? -eq 1
 	@echo
-	@echo "== torchdoctor run --simulate cuda --keep-going examples/buggy/train.py  (a virtual GPU on this CPU machine)"
+	@echo "== 2. torchdoctor run --simulate cuda --keep-going examples/buggy/train.py  (a virtual GPU on this CPU machine)"
 	@cd examples/buggy && PYTHONWARNINGS=ignore::FutureWarning \
 		../../$(BIN)/torchdoctor run --simulate cuda --keep-going --no-guard train.py; test $$? -le 1
+	@echo
+	@echo "== 3. the same project with every mistake fixed: examples/fixed"
+	@$(BIN)/torchdoctor check examples/fixed --no-cache
+	@cd examples/fixed && ../../$(BIN)/torchdoctor run --simulate cuda train.py
+	@echo
+	@echo "demo done: examples/buggy fails the check and crashes on the virtual GPU; examples/fixed passes both."
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks

@@ -68,8 +68,8 @@ def load_weights(path):
     return torch.load(path)
 
 
-out_dir = tempfile.mkdtemp(prefix="torchdoctor-demo-")
-torch.save(model, os.path.join(out_dir, "model.pt"))
-torch.save(model.state_dict(), os.path.join(out_dir, "weights.pt"))
-state = load_weights(os.path.join(out_dir, "weights.pt"))
-print("saved to", out_dir)
+with tempfile.TemporaryDirectory(prefix="torchdoctor-demo-") as out_dir:
+    torch.save(model, os.path.join(out_dir, "model.pt"))
+    torch.save(model.state_dict(), os.path.join(out_dir, "weights.pt"))
+    state = load_weights(os.path.join(out_dir, "weights.pt"))
+    print("saved and reloaded weights.pt")
