@@ -44,7 +44,7 @@ bench: venv
 	$(BIN)/python benchmarks/run_all.py
 
 # The documentation site (mkdocs + Material) into site/; pages for rules, the API and the
-# explain catalogue are generated from the code by docs/gen_pages.py on every build.
+# explain catalogue are generated from the code by scripts/gen_docs.py on every build.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict --site-dir site
 

@@ -156,3 +156,18 @@ def test_readme_sections_split_outside_code_and_keep_code_links() -> None:
     assert page.startswith("# Guide\n") and "\n## Two\n" in page
     with pytest.raises(SystemExit, match="no section ## Three"):
         gen["readme_guide"]("Guide", ("Three",), sections)
+
+
+def test_navigation_files_are_not_published(site: Path) -> None:
+    assert not list(site.rglob("SUMMARY*"))
+    assert "guides/editors/" in (site / "index.html").read_text(encoding="utf-8")
+
+
+def test_the_hosting_configuration_builds_the_site_the_links_point_at() -> None:
+    mkdocs_yml = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert f"site_url: {SITE_URL}" in mkdocs_yml
+    assert DOCS_URL.startswith(SITE_URL)
+    rtd = (ROOT / ".readthedocs.yaml").read_text(encoding="utf-8")
+    assert "configuration: mkdocs.yml" in rtd
+    assert "extra_requirements: [docs]" in rtd
+    assert "readthedocs.io" in SITE_URL  # the host the configuration is for
