@@ -158,3 +158,36 @@ def test_command_module_does_not_import_torch() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_issue_block_builds_on_collect_env_and_adds_torchdoctors_checks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch.utils.collect_env as collect_env
+
+    monkeypatch.setattr(collect_env, "get_pretty_env_info", lambda: "PyTorch version: 9.9\n")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert main(["env", "--issue"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("<details><summary>") and lines[-1] == "</details>"
+    assert "```text" in lines and lines.count("```") == 1
+    assert "PyTorch version: 9.9" in out  # PyTorch's own report, not re-collected
+    assert f"torchdoctor: {td.__version__}" in out
+    assert "LOCAL_RANK=1" in out and "pick_device:" in out and "torchdoctor warnings:" in out
+
+
+def test_issue_block_says_when_collect_env_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.utils.collect_env as collect_env
+
+    def broken() -> str:
+        raise OSError("pip is missing")
+
+    monkeypatch.setattr(collect_env, "get_pretty_env_info", broken)
+    assert "collect_env failed: OSError: pip is missing" in env_module.collect_env_text()
+
+
+def test_json_and_issue_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["env", "--json", "--issue"])
+    assert exit_info.value.code == 2

@@ -305,3 +305,41 @@ def format_report(report: dict[str, Any]) -> str:
     else:
         lines.append("warnings      none")
     return "\n".join(lines)
+
+
+def collect_env_text() -> str:
+    """PyTorch's own environment report (`python -m torch.utils.collect_env`), or why not."""
+    try:
+        from torch.utils.collect_env import get_pretty_env_info
+
+        return str(get_pretty_env_info()).strip()  # type: ignore[no-untyped-call]
+    except Exception as exc:  # it shells out to pip, conda, nvidia-smi: any may fail
+        return f"(torch.utils.collect_env failed: {type(exc).__name__}: {exc})"
+
+
+def format_issue(report: dict[str, Any], collect_env: str) -> str:
+    """A Markdown block to paste into a bug report: PyTorch's collect_env output, then
+    what torchdoctor adds (device choice, distributed variables, MPS/XPU, warnings)."""
+    added = [
+        f"torchdoctor: {report['torchdoctor']}",
+        f"pick_device: {report['pick_device']}",
+        f"MPS: built {report['mps']['built']}, available {report['mps']['available']}",
+        f"XPU: available {report['xpu']['available']}",
+    ]
+    added += [f"{name}={value}" for name, value in report["env"].items()]
+    warnings = report["warnings"] or ["none"]
+    added += ["torchdoctor warnings:", *(f"- {w}" for w in warnings)]
+    fence = "```"
+    return "\n".join(
+        [
+            "<details><summary>Environment (torchdoctor env --issue)</summary>",
+            "",
+            f"{fence}text",
+            collect_env,
+            "",
+            *added,
+            fence,
+            "",
+            "</details>",
+        ]
+    )

@@ -1,4 +1,4 @@
-"""`torchdoctor env [--json]`: print env_report() for humans or for bug reports.
+"""`torchdoctor env [--json | --issue]`: print env_report() for humans, programs or bug reports.
 
 Importing this module must not import torch (the CLI loads every command
 module to build its help); torch is imported when the command runs.
@@ -23,7 +23,14 @@ def register(subparsers: Any) -> None:
         "capability and memory, MPS/XPU availability, distributed environment variables, "
         "and warnings for known mismatches (e.g. a GPU the installed wheel has no kernels for).",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON (for bug reports)")
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="print JSON")
+    form.add_argument(
+        "--issue",
+        action="store_true",
+        help="print a Markdown block to paste into a bug report: PyTorch's own "
+        "`python -m torch.utils.collect_env` output plus torchdoctor's checks",
+    )
     parser.add_argument(
         "--no-free-memory",
         dest="free_memory",
@@ -35,7 +42,12 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from torchdoctor.runtime.env import env_report, format_report
+        from torchdoctor.runtime.env import (
+            collect_env_text,
+            env_report,
+            format_issue,
+            format_report,
+        )
     except ImportError as exc:
         if (exc.name or "").split(".")[0] != "torch":
             raise
@@ -48,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     report = env_report(free_memory=args.free_memory)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
+    elif args.issue:
+        print(format_issue(report, collect_env_text()))
     else:
         print(format_report(report))
     return EXIT_OK
