@@ -186,3 +186,19 @@ def test_write_notebook_keeps_string_sources_and_minified_layout() -> None:
     text = write_notebook(nb, nb.source.replace("b = 2", "b = 3"))
     assert json.loads(text)["cells"][0]["source"] == "a = 1\nb = 3"
     assert "\n" not in text  # written as compactly as it was read
+
+
+def test_messages_cite_other_lines_as_cells(td: CLI, project: Path) -> None:
+    data = notebook()
+    data["cells"] = [
+        code_cell(["from torch.utils.data import DataLoader\n"], count=1),
+        code_cell(["loader = DataLoader(ds, batch_size=8)\n", "model.to(device)\n"], count=2),
+        code_cell(["for x, y in loader:\n", "    x.to(device)\n", "    out = model(x)\n"], count=3),
+    ]
+    write(project / "loop.ipynb", nbformat_text(data))
+    run = td("check", "--select", "TD102,TD112", "--no-cache", "--format", "concise", "loop.ipynb")
+    td102, td112 = run.out.splitlines()[:2]
+    assert td102.startswith("loop.ipynb:cell 3:2:5: TD102 ")
+    assert td102.endswith("(a batch from `loader` (cell 2:1))")
+    assert "(cell 2:1)" in td112 and "at cell 3:2 was dropped" in td112
+    assert "moved to `device` at cell 2:2" in td112 and "line " not in td112

@@ -182,3 +182,21 @@ def cell_diffs(notebook: Notebook, virtual: str, path: str) -> list[str]:
             )
         )
     return out
+
+
+# "line 12" in a finding's message cites a line of the same file (other files are "path:12")
+_CITED_LINE = re.compile(r"\bline (\d+)\b")
+
+
+def cite_cells(message: str, cell_lines: list[tuple[int, int]]) -> str:
+    """A message's "line N" (a virtual-module line) as "cell K:M", as the finding's own
+    location reads in a notebook."""
+
+    def cell(match: re.Match[str]) -> str:
+        line = int(match.group(1))
+        if not 0 < line <= len(cell_lines):
+            return match.group()
+        number, in_cell = cell_lines[line - 1]
+        return f"cell {number}:{in_cell}"
+
+    return _CITED_LINE.sub(cell, message)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import stat
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torchdoctor.check.cache import ResultCache, file_key
@@ -24,7 +24,13 @@ from torchdoctor.check.engine import (
     syntax_error_finding,
 )
 from torchdoctor.check.fix import atomic_write, encode_like, fixable
-from torchdoctor.check.notebook import Notebook, NotebookError, read_notebook, write_notebook
+from torchdoctor.check.notebook import (
+    Notebook,
+    NotebookError,
+    cite_cells,
+    read_notebook,
+    write_notebook,
+)
 from torchdoctor.check.parallel import Outcome, Task, default_jobs, run_tasks
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.rule import Finding
@@ -156,8 +162,15 @@ def _result(source: Source, outcome: Outcome) -> FileResult:
         str(source.path), outcome.findings, source=outcome.text, fixed=outcome.fixed
     )
     if source.notebook is not None:
-        result.cell_lines = source.notebook.cell_lines
+        cells = source.notebook.cell_lines
+        result.cell_lines = cells
         result.notebook = source.notebook
+        result.findings = [
+            replace(
+                f, message=cite_cells(f.message, cells), hint=f.hint and cite_cells(f.hint, cells)
+            )
+            for f in result.findings
+        ]
     return result
 
 
