@@ -101,6 +101,11 @@ def register(subparsers: Any) -> None:
         "--unsafe-fixes", action="store_true", help="with --fix/--diff, apply unsafe fixes too"
     )
     fixes.add_argument("--diff", action="store_true", help="show fixes as a diff; write nothing")
+    fixes.add_argument(
+        "--add-noqa",
+        action="store_true",
+        help="add a noqa comment for every finding (silence today's, catch tomorrow's)",
+    )
     speed = check.add_argument_group("speed")
     speed.add_argument(
         "-j",
@@ -192,6 +197,10 @@ def run_check_command(args: argparse.Namespace) -> int:
         target_version=settings.target_version,
     )
     stdin_data = sys.stdin.buffer.read() if use_stdin else None
+    if args.add_noqa:
+        if use_stdin or args.fix or args.diff:
+            raise UsageError("--add-noqa works on files, without --fix or --diff")
+        return _add_noqa(paths, settings, options, args.jobs)
     tune_gc()
     results = run_check(
         paths,
@@ -231,6 +240,19 @@ def run_check_command(args: argparse.Namespace) -> int:
                 report.write_summary(results, out, fix_mode=args.fix)
     found = any(r.findings for r in results)
     return 1 if found and not args.exit_zero else 0
+
+
+def _add_noqa(paths: list[Path], settings: Settings, options: RunOptions, jobs: int | None) -> int:
+    from torchdoctor.check.add_noqa import add_noqa
+
+    # no cache: cached findings do not keep the statement lines a comment may go on
+    results = run_check(paths, settings, options, jobs=jobs, use_cache=False)
+    added = add_noqa(results)
+    for reason in added.skipped:
+        print(f"torchdoctor: warning: {reason}", file=sys.stderr)
+    files = "file" if added.files == 1 else "files"
+    print(f"Added {added.comments} noqa comment(s) in {added.files} {files}.")
+    return 0
 
 
 @contextlib.contextmanager
