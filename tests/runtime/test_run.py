@@ -163,3 +163,22 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     )
     assert missing.returncode == 2
     assert missing.stderr.startswith("torchdoctor: error: can't open file")
+
+
+def test_module_arguments_go_to_the_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torchdoctor.cli import main
+
+    package = tmp_path / "mypackage"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", list(sys.argv))
+        assert main(["run", "--no-guard", "-m", "mypackage.train", "--epochs", "3"]) == 0
+    assert "args ['--epochs', '3']" in capsys.readouterr().out
+    assert main(["run", "-m"]) == 2
+    assert "-m needs a module name" in capsys.readouterr().err

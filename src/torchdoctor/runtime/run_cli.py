@@ -27,7 +27,14 @@ def register(subparsers: Any) -> None:
         usage="torchdoctor run [options] (script.py | -m module) [args ...]",
     )
     add_options(parser)
-    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script")
+    # like `python -m`: everything after the module name is the module's own arguments
+    parser.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        metavar="MODULE [args]",
+        help="run a module as a script",
+    )
     parser.add_argument(
         "program",
         nargs=argparse.REMAINDER,
@@ -69,8 +76,11 @@ def run(args: argparse.Namespace) -> int:
         "guard": not args.no_guard,
         "guard_steps": args.guard_steps,
     }
-    if args.module:
-        return simulate_cli.exit_code(args, run_module(args.module, program, **options))
+    if args.module is not None:
+        if not args.module:
+            raise UsageError("-m needs a module name", fix="torchdoctor run -m package.module")
+        module, *module_args = args.module
+        return simulate_cli.exit_code(args, run_module(module, module_args, **options))
     if not program:
         raise UsageError("nothing to run", fix="torchdoctor run script.py [args ...]")
     return simulate_cli.exit_code(args, run_script(program[0], program[1:], **options))
