@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 
 from torchdoctor.catalog import catalog
-from torchdoctor.check.config import load_settings
+from torchdoctor.check.config import load_settings, tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
