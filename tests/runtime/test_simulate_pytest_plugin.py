@@ -47,14 +47,18 @@ def test_fixture_and_marker_simulate_one_test(pytester: pytest.Pytester) -> None
             assert torch.zeros(1, device="cuda:1").get_device() == 1
         """
     )
-    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=3)
+    pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:asyncio").assert_outcomes(
+        passed=3
+    )
 
 
 def test_option_runs_a_gpu_suite_on_this_machine(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(GPU_TESTS)
-    plain = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    plain = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:asyncio")
     plain.assert_outcomes(failed=2)  # no GPU here: both fail without the simulation
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--td-simulate", "cuda")
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "-p", "no:asyncio", "--td-simulate", "cuda"
+    )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
