@@ -203,11 +203,17 @@ _ARGUMENTS = (
 )
 
 
+_FACTS_WINDOW = 8_000  # characters either side of the match that facts are read from
+
+
 def message_facts(text: str, match: Match | None = None) -> dict[str, Any]:
     """Devices, argument names, op and other details named in an error message."""
     facts: dict[str, Any] = {}
     if match is not None:
         facts.update({k: v for k, v in match.groupdict().items() if v})
+    if len(text) > 2 * _FACTS_WINDOW:  # a whole log: the facts are in the matched error
+        start = match.start() if match is not None else len(text) - _FACTS_WINDOW
+        text = text[max(0, start - _FACTS_WINDOW) : start + _FACTS_WINDOW]
     devices: list[str] = []
     for legacy in _LEGACY_TYPE.finditer(text):
         devices.append("cuda" if legacy.group(1) else "cpu")
