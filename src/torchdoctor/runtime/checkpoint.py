@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import re
+import pickle
 import secrets
 import socket
 import zipfile
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from torchdoctor.errors import CheckpointError, InvalidArgumentError, UnsafeCheckpointError
+from torchdoctor.runtime.checkpoint_inspect import Global, inspect_file
 from torchdoctor.runtime.device import DeviceLike, device_of, pick_device, to_device
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -177,60 +178,121 @@ def _process_alive(pid: int) -> bool:
 # --------------------------------------------------------------------------- load
 
 
-def _describe_unreadable(path: Path, exc: BaseException) -> CheckpointError:
-    """Turn torch.load's failure into the likely cause, judged from the file's first bytes."""
+def _allowed_globals() -> frozenset[str]:
+    """The globals torch.load(weights_only=True) accepts, the user's add_safe_globals included."""
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(64)
+        from torch import _weights_only_unpickler as unpickler
+
+        names = set(unpickler._get_allowed_globals())
+        names |= set(unpickler._get_user_allowed_globals())  # type: ignore[no-untyped-call]
+    except (ImportError, AttributeError, TypeError):  # a torch without that (private) API
+        return frozenset()
+    return frozenset(names)
+
+
+def _is_refused(item: Global, allowed: frozenset[str]) -> bool:
+    if allowed:
+        return item.qualname not in allowed
+    return not item.module.startswith("torch") and item.qualname != "collections.OrderedDict"
+
+
+def _describe_unreadable(
+    path: Path, exc: BaseException | None, weights_only: bool
+) -> CheckpointError:
+    """Why `path` cannot be loaded, judged from what the file is and the exception's type.
+
+    Never from torch's message text: its wording changes between versions. Unsafe content
+    is decided first, so a malicious file is never reported as merely corrupt.
+    """
+    try:
+        report = inspect_file(path)
     except OSError as os_exc:
         return CheckpointError(f"cannot read {path}: {os_exc.strerror or os_exc}")
-    text = str(exc)
     corrupt_fix = "save it again, re-download it, or use an earlier checkpoint"
-    if not head:
-        return CheckpointError(
-            f"{path} is empty: an interrupted save or an incomplete download", fix=corrupt_fix
-        )
-    if head.startswith(b"version https://git-lfs"):
-        return CheckpointError(
-            f"{path} is a Git LFS pointer, not the checkpoint itself",
-            fix="fetch the real file: git lfs pull",
-        )
-    stripped = head.lstrip().lower()
-    if stripped.startswith((b"<!doctype", b"<html", b"<?xml", b"<")):
-        return CheckpointError(
-            f"{path} is an HTML/XML page, not a checkpoint: a download that got an error "
-            "or login page",
-            fix="download the file again from a direct link",
-        )
-    if len(head) > 9 and head[8:10] in (b"{'", b'{"'):
-        return CheckpointError(
+    allowed = _allowed_globals()
+    refused = [g for g in report.refused(allowed) if _is_refused(g, allowed)]
+    if refused and (weights_only or any(g.dangerous for g in refused)):
+        return _unsafe_error(path, refused)
+    simple = {
+        "empty": (f"{path} is empty: an interrupted save or an incomplete download", corrupt_fix),
+        "git-lfs": (f"{path} is a Git LFS pointer, not the checkpoint itself", "git lfs pull"),
+        "html": (
+            f"{path} is an HTML/XML page, not a checkpoint: a download that got an error or "
+            "login page",
+            "download the file again from a direct link",
+        ),
+        "safetensors": (
             f"{path} is a safetensors file, not a torch.save checkpoint",
-            fix="load it with safetensors.torch.load_file(path)",
-        )
-    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
-        if "Unsupported global" in text or "WeightsUnpickler" in text:
-            return _unsafe_error(path, text)
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        first = first.split(". This is an internal")[0]
+            "load it with safetensors.torch.load_file(path)",
+        ),
+        "zip": (
+            f"{path} is a zip archive without a data.pkl record: not a torch.save checkpoint",
+            "check the path; torch.save files are zip archives holding archive/data.pkl",
+        ),
+    }
+    if report.kind in simple:
+        message, fix = simple[report.kind]
+        return CheckpointError(message, fix=fix)
+    if report.kind == "unknown":
+        with open(path, "rb") as handle:
+            head = handle.read(16)
         return CheckpointError(
-            f"{path} is truncated or corrupt ({first}): an interrupted save or an "
-            "incomplete download",
+            f"{path} is not a PyTorch checkpoint (unrecognised contents: {head!r})",
+            fix="check the path; torch.save files start with a zip or pickle header",
+        )
+    if not report.complete:
+        return CheckpointError(
+            f"{path} is truncated or corrupt ({report.problem}): an interrupted save, an "
+            "incomplete download or a damaged copy",
             fix=corrupt_fix,
         )
+    if report.kind == "pickle":
+        protocol = report.protocol if report.protocol is not None else "0 or 1"
+        return CheckpointError(
+            f"{path} is a plain pickle (protocol {protocol}) written with pickle.dump, not a "
+            "torch.save checkpoint",
+            fix="load it with pickle.load only if you trust it: unpickling runs any code it names",
+        )
+    if isinstance(exc, pickle.UnpicklingError) and weights_only:
+        return UnsafeCheckpointError(
+            f"refused to load {path}: torch.load(weights_only=True) rejected its pickle "
+            "although every global it names is allowed (an opcode or call outside the safe "
+            "subset); unpickling it fully could run arbitrary code",
+            fix="if you trust the file, load it with weights_only=False, which runs any code "
+            "the file names, and re-save plain state dicts",
+        )
+    text = str(exc).strip()
+    detail = type(exc).__name__ + (f": {text.splitlines()[0][:200]}" if text else "")
+    kind = {"torch-zip": "zip archive", "torch-legacy": "legacy torch.save format"}.get(
+        report.kind, report.kind
+    )
     return CheckpointError(
-        f"{path} is not a PyTorch checkpoint (unrecognised contents: {head[:16]!r})",
-        fix="check the path; torch.save files start with a zip or pickle header",
+        f"{path} is truncated or corrupt: its {kind} structure reads, but torch.load failed "
+        f"on its contents ({detail})",
+        fix=corrupt_fix,
     )
 
 
-def _unsafe_error(path: Path, text: str) -> UnsafeCheckpointError:
-    match = re.search(r"GLOBAL ([\w.]+)", text)
-    what = f"the type {match.group(1)}" if match else "a type outside the safe allowlist"
+def _unsafe_error(path: Path, refused: list[Global]) -> UnsafeCheckpointError:
+    first = refused[0]
+    others = sorted({g.qualname for g in refused[1:]} - {first.qualname})
+    more = f"; also {', '.join(others[:5])}" if others else ""
+    origin = f"{first.name} of module {first.module}, in {first.where}"
+    if first.dangerous:
+        return UnsafeCheckpointError(
+            f"refused to load {path}: its pickle calls {first.qualname} ({origin}){more}, a "
+            "function that runs arbitrary code or commands the moment the file is unpickled. "
+            "Treat the file as malicious",
+            fix="do not load it with weights_only=False: that would run the code. Delete it or "
+            "get the checkpoint from a source you trust",
+        )
     return UnsafeCheckpointError(
-        f"refused to load {path}: it contains {what}, and unpickling it could run arbitrary "
-        "code (weights_only=True allows only tensors, plain containers and numbers)",
-        fix="if you trust the file, pass weights_only=False; or allow just that type with "
-        "torch.serialization.add_safe_globals([TheType])",
+        f"refused to load {path}: it contains the type {first.qualname} ({origin}){more}, and "
+        "unpickling types outside torch's safe list could run arbitrary code "
+        "(weights_only=True allows only tensors, plain containers and numbers)",
+        fix=f"if you trust the file, allow just that type: "
+        f"torch.serialization.add_safe_globals([{first.qualname}]); weights_only=False would "
+        "also load it, but runs any code the file names",
     )
 
 
@@ -245,17 +307,20 @@ def _read(path: Path, device: torch.device, weights_only: bool) -> Any:
         )
     opened, damage = _check_records(path)
     if opened and damage:  # a record fails its checksum: do not even unpickle it
-        raise _corrupt(path, damage)
+        raise _corrupt(path, damage, weights_only)
     try:
         data = torch.load(path, map_location=device, weights_only=weights_only)
-    except Exception as exc:  # every torch/pickle failure gets a diagnosis from the header
-        raise _describe_unreadable(path, exc) from exc
+    except Exception as exc:  # every torch/pickle failure gets a diagnosis from the file
+        raise _describe_unreadable(path, exc, weights_only) from exc
     if damage:  # zipfile could not read the archive's directory, torch.load could
-        raise _corrupt(path, damage)
+        raise _corrupt(path, damage, weights_only)
     return data
 
 
-def _corrupt(path: Path, reason: str) -> CheckpointError:
+def _corrupt(path: Path, reason: str, weights_only: bool) -> CheckpointError:
+    unsafe = _describe_unreadable(path, None, weights_only)
+    if isinstance(unsafe, UnsafeCheckpointError):  # damaged and unsafe: unsafe is what matters
+        return unsafe
     return CheckpointError(
         f"{path} is corrupt ({reason}): it changed after it was written "
         "(a bad disk or copy, an interrupted save or download)",
