@@ -23,6 +23,8 @@ from torchdoctor.errors import CheckpointError, UnsafeCheckpointError
 from torchdoctor.runtime import checkpoint
 from torchdoctor.runtime.checkpoint_inspect import inspect_bytes
 
+# torch warns about the odd "protocol" byte of random files it is asked to read
+pytestmark = pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
 MESSAGES = json.loads((Path(__file__).parent / "data" / "torch_load_messages.json").read_text())
 _TYPES = {
     "UnpicklingError": pickle.UnpicklingError,
@@ -134,10 +136,21 @@ def test_random_bytes_are_corrupt_or_not_a_checkpoint_never_unsafe(
             assert expected in str(error)
 
 
-def test_safetensors_file_is_named(tmp_path: Path) -> None:
+def test_safetensors_file_loads_or_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     safetensors_torch = pytest.importorskip("safetensors.torch")
+    saved = torch.nn.Linear(3, 2)
     path = tmp_path / "model.safetensors"
-    safetensors_torch.save_file({"w": torch.ones(2)}, str(path))
+    safetensors_torch.save_file(saved.state_dict(), str(path))
+    fresh = torch.nn.Linear(3, 2)
+    assert td.load_checkpoint(path, fresh) == {}  # torch 2.13's torch.load reads safetensors
+    assert torch.equal(fresh.weight, saved.weight)
+
+    def older_torch(*args: Any, **kwargs: Any) -> Any:
+        raise pickle.UnpicklingError("invalid load key, '\\x10'.")
+
+    monkeypatch.setattr(checkpoint.torch, "load", older_torch)
     assert "is a safetensors file" in str(_load_error(path))
 
 
