@@ -67,10 +67,10 @@ def test_every_pattern_is_linear_on_shared_adversarial_inputs() -> None:
 
 def test_every_pattern_is_linear_on_its_own_near_misses() -> None:
     slow = []
+    bound = 100 * _linear_baseline(_fill("Expected tensor for argument #1 'in")) + 0.05
     for entry in kb.entries():
         # the message's start without its last character: almost a match, everywhere
         text = _fill(entry.examples[0][:60][:-1] + " ")
-        bound = 100 * _linear_baseline(text) + 0.05
         for pattern in (*entry.patterns, *(c.when for c in entry.causes if c.when is not None)):
             took = _seconds(lambda p=pattern, t=text: p.search(t))
             if took > bound:
@@ -92,3 +92,18 @@ def test_patterns_are_re2_so_backtracking_cannot_come_back() -> None:
     assert kb.compile_pattern(r"Weights only load failed[\s\S]*GLOBAL (\w+)").search(
         "Weights only load failed. ... GLOBAL posix.system"
     )
+
+
+def test_one_pass_prefilter_finds_exactly_the_entries_whose_patterns_match() -> None:
+    texts = [example for entry in kb.entries() for example in entry.examples]
+    texts += [_fill(unit)[:5000] for unit in UNITS]
+    for text in texts:
+        matching = {entry.id for entry in kb.entries() if entry.search(text)}
+        assert {entry.id for entry in kb._candidates(text)} == matching, text[:80]
+
+
+def test_the_one_pass_prefilter_is_linear() -> None:
+    for unit in UNITS:
+        text = _fill(unit)
+        bound = 100 * _linear_baseline(text) + 0.05
+        assert _seconds(lambda t=text: kb._candidates(t)) < bound, unit

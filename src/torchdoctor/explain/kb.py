@@ -170,10 +170,42 @@ def entries() -> tuple[Entry, ...]:
     return tuple(loaded)
 
 
+@functools.cache
+def _pattern_set() -> tuple[Any, tuple[Entry, ...]] | None:
+    """Every entry's patterns in one RE2 set: one pass over the text says which entries match.
+
+    None when RE2 cannot build the set (it then falls back to one search per pattern).
+    """
+    try:
+        combined = re2.Set.SearchSet(re2.Options())
+        owners = []
+        for entry in entries():
+            for pattern in entry.patterns:
+                combined.Add(pattern.pattern)
+                owners.append(entry)
+        combined.Compile()
+    except (re2.error, ValueError, TypeError):  # pragma: no cover - a pattern RE2 sets refuse
+        return None
+    return combined, tuple(owners)
+
+
+def _candidates(text: str) -> tuple[Entry, ...]:
+    """The entries with at least one matching pattern (all entries if the set cannot tell)."""
+    compiled = _pattern_set()
+    if compiled is not None:
+        combined, owners = compiled
+        try:
+            hits = combined.Match(text)
+        except (re2.error, ValueError, TypeError):  # pragma: no cover - RE2 out of memory
+            return entries()
+        return tuple(dict.fromkeys(owners[i] for i in sorted(hits or ())))  # None: no match
+    return entries()  # pragma: no cover
+
+
 def best_match(text: str) -> tuple[Entry, Match] | None:
     """The entry that explains `text`: highest priority, then earliest match in the text."""
     found: list[tuple[int, int, Entry, Match]] = []
-    for entry in entries():
+    for entry in _candidates(text):
         match = entry.search(text)
         if match:
             found.append((-entry.priority, match.start(), entry, match))
