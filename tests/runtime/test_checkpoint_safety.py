@@ -8,6 +8,7 @@ the verdict never depends on their wording. Nothing in a file is ever run to dec
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import pickle
@@ -21,7 +22,7 @@ import torch
 import torchdoctor as td
 from torchdoctor.errors import CheckpointError, UnsafeCheckpointError
 from torchdoctor.runtime import checkpoint
-from torchdoctor.runtime.checkpoint_inspect import inspect_bytes
+from torchdoctor.runtime.checkpoint_inspect import inspect_bytes, inspect_stream
 
 # torch warns about the odd "protocol" byte of random files it is asked to read
 pytestmark = pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
@@ -205,3 +206,26 @@ def test_weights_only_false_is_never_suggested_without_saying_it_runs_code(
     assert "weights_only=False" in message
     assert "runs any code the file names" in message
     assert f"add_safe_globals([{__name__}.Custom])" in message
+
+
+class _CountingReader(io.BytesIO):
+    """A file that counts the bytes read from it."""
+
+    read_total = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        self.read_total += len(data)
+        return data
+
+
+@pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
+def test_inspecting_reads_the_structure_not_the_weights(zipped: bool) -> None:
+    buffer = io.BytesIO()
+    torch.save(
+        {"w": torch.zeros(4_000_000), "x": Custom()}, buffer, _use_new_zipfile_serialization=zipped
+    )
+    stream = _CountingReader(buffer.getvalue())
+    report = inspect_stream(stream)
+    assert f"{__name__}.Custom" in {g.qualname for g in report.globals}
+    assert stream.read_total < 2_000_000 < len(buffer.getvalue()) // 4  # 16 MB of weights

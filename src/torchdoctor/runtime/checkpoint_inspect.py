@@ -18,6 +18,7 @@ import struct
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 # Modules whose functions run code or touch the system: a pickle naming one of them does
 # what the file's author wants the moment it is unpickled.
@@ -38,6 +39,7 @@ _PICKLE_HELPERS = frozenset(
 )  # fmt: skip
 _IDENTIFIER_PATH = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*")
 _LEGACY_PICKLES = 5  # magic number, protocol version, sys info, the object, storage keys
+_ZIP_PREFIX = 64 << 20  # how much of a damaged zip is searched for its data.pkl record
 _STRING_OPS = frozenset(
     ("STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE",
      "BINUNICODE8")
@@ -88,40 +90,53 @@ class FileReport:
 
 
 def inspect_file(path: Path) -> FileReport:
-    """Read `path` and say what it is; never raises for unreadable contents (OSError only)."""
-    data = path.read_bytes()
-    return inspect_bytes(data)
+    """Read `path` and say what it is; never raises for unreadable contents (OSError only).
+
+    Reads only what it needs (the header, the central directory and data.pkl of a zip,
+    the leading pickles of the legacy format), never the weights: checkpoints can be
+    larger than the memory.
+    """
+    with open(path, "rb") as handle:
+        return inspect_stream(handle)
 
 
 def inspect_bytes(data: bytes) -> FileReport:
-    if not data:
+    return inspect_stream(io.BytesIO(data))
+
+
+def inspect_stream(stream: BinaryIO) -> FileReport:
+    head = stream.read(64)
+    size = stream.seek(0, io.SEEK_END)
+    stream.seek(0)
+    if not head:
         return FileReport("empty", complete=False, problem="the file is empty")
-    if data.startswith(b"version https://git-lfs"):
+    if head.startswith(b"version https://git-lfs"):
         return FileReport("git-lfs")
-    if data.lstrip()[:1] == b"<":
+    if head.lstrip()[:1] == b"<":
         return FileReport("html")
-    if _is_safetensors(data):
+    if _is_safetensors(head, size):
         return FileReport("safetensors")
-    if data.startswith(b"PK\x03\x04"):
-        return _inspect_zip(data)
-    if data[:1] == b"\x80" or _parses_as_pickle(data):
-        return _inspect_pickles(data)
+    if head.startswith(b"PK\x03\x04"):
+        return _inspect_zip(stream, size)
+    if head[:1] == b"\x80" or _parses_as_pickle(stream):
+        stream.seek(0)
+        return _inspect_pickles(stream, size)
     return FileReport("unknown")
 
 
-def _is_safetensors(data: bytes) -> bool:
-    if len(data) < 10:
+def _is_safetensors(head: bytes, size: int) -> bool:
+    if len(head) < 10:
         return False
-    (header_length,) = struct.unpack("<Q", data[:8])
-    return data[8:9] == b"{" and 2 <= header_length <= len(data) - 8
+    (header_length,) = struct.unpack("<Q", head[:8])
+    return head[8:9] == b"{" and 2 <= header_length <= size - 8
 
 
 # --------------------------------------------------------------------------- zip
 
 
-def _inspect_zip(data: bytes) -> FileReport:
+def _inspect_zip(stream: BinaryIO, size: int) -> FileReport:
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        with zipfile.ZipFile(stream) as archive:
             names = archive.namelist()
             pickles = [n for n in names if n == "data.pkl" or n.endswith("/data.pkl")]
             if not pickles:
@@ -131,12 +146,15 @@ def _inspect_zip(data: bytes) -> FileReport:
             return report
     except Exception as exc:  # zipfile raises many types on a damaged archive
         # No readable central directory (cut short) or a damaged record: read the local
-        # headers in order, as far as they go, so a cut malicious file is still recognised.
+        # records from the start, as far as they go, so a cut malicious file is still
+        # recognised. torch.save writes data.pkl first.
         problem = f"damaged zip archive ({type(exc).__name__}: {exc})"
-        if b"PK\x05\x06" not in data[-(1 << 16) - 22 :]:
+        stream.seek(max(0, size - (1 << 16) - 22))
+        if b"PK\x05\x06" not in stream.read():
             problem = "no central directory, the index at the end of a zip archive: cut short"
         report = FileReport("torch-zip", complete=False, problem=problem)
-        record = _local_record(data, b"data.pkl")
+        stream.seek(0)
+        record = _local_record(stream.read(_ZIP_PREFIX), b"data.pkl")
         if record is None:
             report.problem = "damaged zip archive: no data.pkl record could be read"
             return report
@@ -167,10 +185,11 @@ def _local_record(data: bytes, suffix: bytes) -> tuple[str, bytes] | None:
 # --------------------------------------------------------------------------- pickles
 
 
-def _parses_as_pickle(data: bytes) -> bool:
+def _parses_as_pickle(stream: BinaryIO) -> bool:
     """A protocol 0-1 pickle (no header byte) that reads to its STOP opcode."""
+    stream.seek(0)
     try:
-        for opcode, _arg, _pos in pickletools.genops(io.BytesIO(data[: 1 << 20])):
+        for opcode, _arg, _pos in pickletools.genops(io.BytesIO(stream.read(1 << 20))):
             if opcode.name == "STOP":
                 return True
     except Exception:  # genops raises ValueError and friends on anything that is not a pickle
@@ -178,16 +197,15 @@ def _parses_as_pickle(data: bytes) -> bool:
     return False
 
 
-def _inspect_pickles(data: bytes) -> FileReport:
+def _inspect_pickles(stream: BinaryIO, size: int) -> FileReport:
     """A plain pickle, or torch's legacy format: several pickles, then raw storage bytes."""
-    stream = io.BytesIO(data)
     report = FileReport("pickle")
     for number in range(1, _LEGACY_PICKLES + 1):
         start = stream.tell()
         first = _scan_pickle_stream(stream, f"pickle {number}", report, base=start)
         if number == 1 and first == 0x1950A86A20F9469CFC6C:  # torch's legacy magic number
             report.kind = "torch-legacy"
-        if not report.complete or report.kind != "torch-legacy" or stream.tell() >= len(data):
+        if not report.complete or report.kind != "torch-legacy" or stream.tell() >= size:
             break
     return report
 
@@ -196,7 +214,7 @@ def _scan_pickle(data: bytes, record: str, report: FileReport) -> None:
     _scan_pickle_stream(io.BytesIO(data), record, report, base=0)
 
 
-def _scan_pickle_stream(stream: io.BytesIO, record: str, report: FileReport, base: int) -> object:
+def _scan_pickle_stream(stream: BinaryIO, record: str, report: FileReport, base: int) -> object:
     """Record every global of one pickle; return its first pushed integer (the legacy magic).
 
     Module and name of STACK_GLOBAL (protocol 4+) are the two strings pushed before it,
