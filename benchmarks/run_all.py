@@ -19,7 +19,7 @@ Each script writes its own section of the README (between `<!-- begin: NAME -->`
 recorded by this runner. Everything else in the README - the hand-judged precision
 sections of the rule authors in particular - is kept verbatim. A step that fails is
 reported in the header and the run goes on. Steps (for --only/--skip), in order:
-to_device, guard, simulate, check, scaling, device_rules, training_rules, rules.
+to_device, guard, simulate, check, scaling, device_rules, training_rules, rules, explain.
 """
 
 from __future__ import annotations
@@ -567,6 +567,7 @@ STEPS = (
     "device_rules",
     "training_rules",
     "rules",
+    "explain",
 )
 PEER_STEPS = ("to_device", "scaling")  # need benchmarks/.venv
 
@@ -598,6 +599,7 @@ def commands(args: argparse.Namespace, check_writes: bool) -> dict[str, list[str
             PYTHON, f"{here}/bench_training_rules.py",
             str(ROOT / "src") if quick else str(torch_tree()),
         ],
+        "explain": [PYTHON, f"{here}/explain_accuracy.py", "--repeat", "1" if quick else "3"],
         "scaling": [
             peer, f"{here}/bench_check_scaling.py", "--write", "--tree", str(torch_tree()),
             "--runs", runs, *fractions,

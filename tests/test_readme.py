@@ -310,6 +310,7 @@ def namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[
         "model": model,
         "opt": opt,
         "sched": torch.optim.lr_scheduler.StepLR(opt, 1),
+        "scaler": torch.amp.GradScaler("cpu"),
         "epoch": 3,
         "train_loader": train_loader,
         "batch": {"x": torch.randn(4, 3)},
@@ -353,6 +354,8 @@ def test_every_python_block_runs(block: Block, namespace: dict[str, Any], tmp_pa
     if "DeviceMismatchError" in block.body:  # the guard example: a model on another device
         namespace["model"].to("meta")
     _run_block(block.body, namespace)
+    if "extras" in namespace:  # "load_checkpoint ... returns the extras": here, the epoch
+        assert namespace["extras"] == {"epoch": namespace["epoch"]}
 
 
 def _check_noqa_block(block: Block, tmp_path: Path) -> None:

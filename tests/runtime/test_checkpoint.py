@@ -84,10 +84,9 @@ def test_round_trip_restores_model_optimizer_scheduler_and_extras(tmp_path: Path
     fresh_sched = torch.optim.lr_scheduler.StepLR(fresh_opt, step_size=1, gamma=0.5)
     assert not same_weights(model, fresh)
 
-    ckpt = td.load_checkpoint(path, fresh, fresh_opt)
-    fresh_sched.load_state_dict(ckpt["scheduler"])
+    ckpt = td.load_checkpoint(path, fresh, fresh_opt, scheduler=fresh_sched)
     assert same_weights(model, fresh)
-    assert ckpt["epoch"] == 7 and ckpt["config"] == {"lr": 0.01}
+    assert ckpt == {"epoch": 7, "config": {"lr": 0.01}}  # only the extras come back
     assert fresh_opt.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
     assert fresh_sched.last_epoch == scheduler.last_epoch == 2
     pairs = zip(fresh.parameters(), model.parameters(), strict=True)
@@ -112,9 +111,10 @@ def test_map_location_is_always_set(tmp_path: Path) -> None:
     td.save_checkpoint(tmp_path / "m.pt", model=model)
     on_meta = td.load_checkpoint(tmp_path / "m.pt", device="meta")
     assert all(t.device == META for t in on_meta["model"].values())
-    meta_model = Net().to("meta")
-    td.load_checkpoint(tmp_path / "m.pt", meta_model)  # default: the model's own device
-    assert meta_model.head.weight.device == META
+    meta_model = Net().to("meta")  # built without memory: gets the saved tensors themselves
+    td.load_checkpoint(tmp_path / "m.pt", meta_model)
+    assert meta_model.head.weight.device.type == "cpu"
+    assert same_weights(model, meta_model)
 
 
 @compile_warning
@@ -210,7 +210,7 @@ def test_optimizer_mismatch_and_missing_entries(tmp_path: Path) -> None:
         td.load_checkpoint(tmp_path / "only_model.pt", optimizer=optimizer)
     td.save_checkpoint(tmp_path / "gan.pt", generator=Net(), discriminator=Net())
     with pytest.raises(
-        CheckpointError, match=r"(?s)several modules.*model\.load_state_dict\(ckpt\['generator'\]\)"
+        CheckpointError, match=r"(?s)several modules.*generator=\.\.\., discriminator=\.\.\."
     ):
         td.load_checkpoint(tmp_path / "gan.pt", Net())
     torch.save({"epoch": 3, "model": "resnet"}, tmp_path / "odd.pt")

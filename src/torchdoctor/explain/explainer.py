@@ -8,6 +8,7 @@ the tensors involved with their devices/dtypes/shapes, and the culprit.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from torchdoctor.explain.frames import (
     Culprit,
     FrameInfo,
     inspect_live,
+    is_library_file,
     split_traceback,
     user_frame_from_text,
 )
@@ -165,9 +167,31 @@ def _from_entry(
     )
 
 
+# Terminal colour and cursor codes (CSI sequences) that torch and rich tracebacks emit.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(text: str) -> str:
+    """The text without terminal escape sequences (linear time: no nested repeats)."""
+    return _ANSI_ESCAPE.sub("", text) if "\x1b" in text else text
+
+
+def _in_torch(filename: str) -> bool:
+    """A file of the torch package wherever it is installed (a source checkout too)."""
+    return "/torch/" in filename.replace("\\", "/")
+
+
+def _user_frame(frames: list[FrameInfo]) -> FrameInfo | None:
+    """The innermost frame of the user's own code; None when the text shows only library frames."""
+    frame = user_frame_from_text([f for f in frames if not _in_torch(f.filename)])
+    if frame is None or is_library_file(frame.filename):
+        return None
+    return frame
+
+
 def _explain_text(text: str) -> Explanation:
-    messages, frames = split_traceback(text)
-    frame = user_frame_from_text(frames)
+    messages, frames = split_traceback(strip_ansi(text))
+    frame = _user_frame(frames)
     # The last exception of a chain is what the user saw; earlier ones may hold the cause.
     for message in reversed(messages):
         found = kb.best_match(message)
@@ -192,7 +216,7 @@ def _exception_text(exc: BaseException) -> str:
         message = str(exc)
     except Exception:  # a broken __str__ must not hide the user's own error
         message = "<exception str() failed>"
-    return f"{type(exc).__name__}: {message}"
+    return f"{type(exc).__name__}: {strip_ansi(message)}"
 
 
 def _explain_exception(exc: BaseException, model: Any) -> Explanation:

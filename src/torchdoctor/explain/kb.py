@@ -1,9 +1,14 @@
 """The error knowledge base: one TOML file per entry in `kb/`, loaded once.
 
-Stdlib only (no torch): `torchdoctor explain "message"` works on any machine.
+No torch needed: `torchdoctor explain "message"` works on any machine.
 Each entry names the messages it matches (regular expressions covering old
 and new PyTorch wordings), what they mean, the ranked causes with their rule
 codes and how to tell them apart, and the fixes.
+
+Patterns are compiled with RE2 (google-re2), whose matching time is linear in the
+input: people pipe multi-megabyte logs into `explain`, and one backtracking
+pattern made that take minutes. RE2 has no lookarounds or backreferences, so a
+pattern that needs them is a knowledge-base error caught when it is loaded.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
+
+import re2
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,6 +42,15 @@ TOPICS = (
 
 _RULE_CODE = re.compile(r"^TD\d{3}$")
 
+# An RE2 pattern (re2.compile): search(), finditer(), and matches with start()/groupdict().
+Pattern = Any
+Match = Any
+
+
+def compile_pattern(pattern: str) -> Pattern:
+    """Compile a knowledge-base pattern with RE2, case-insensitively (linear-time matching)."""
+    return re2.compile("(?i)" + pattern)
+
 
 class KnowledgeBaseError(ValueError):
     """A knowledge-base file is malformed (a bug in torchdoctor, caught by its tests)."""
@@ -47,7 +63,7 @@ class Cause:
     text: str
     codes: tuple[str, ...] = ()
     tell: str = ""  # how to tell this cause apart from the others
-    when: re.Pattern[str] | None = None  # only a cause when the message matches this
+    when: Pattern | None = None  # only a cause when the message matches this
 
     def as_dict(self) -> dict[str, Any]:
         return {"text": self.text, "codes": list(self.codes), "tell": self.tell}
@@ -68,7 +84,7 @@ class Entry:
     topic: str
     title: str
     summary: str
-    patterns: tuple[re.Pattern[str], ...]
+    patterns: tuple[Pattern, ...]
     causes: tuple[Cause, ...]
     fixes: tuple[Fix, ...]
     examples: tuple[str, ...] = ()
@@ -79,7 +95,7 @@ class Entry:
         """The causes that fit this message (a cause with `when` must match it)."""
         return tuple(c for c in self.causes if c.when is None or c.when.search(text))
 
-    def search(self, text: str) -> re.Match[str] | None:
+    def search(self, text: str) -> Match | None:
         for pattern in self.patterns:
             match = pattern.search(text)
             if match:
@@ -104,10 +120,8 @@ def parse_entry(name: str, data: dict[str, Any]) -> Entry:
     if topic not in TOPICS:
         raise KnowledgeBaseError(f"{where}: topic {topic!r} is not one of {', '.join(TOPICS)}")
     try:
-        patterns = tuple(
-            re.compile(p, re.IGNORECASE) for p in _require(data, "patterns", list, where)
-        )
-    except re.error as exc:
+        patterns = tuple(compile_pattern(p) for p in _require(data, "patterns", list, where))
+    except re2.error as exc:
         raise KnowledgeBaseError(f"{where}: bad pattern: {exc}") from exc
     causes = []
     for raw in _require(data, "causes", list, where):
@@ -116,8 +130,8 @@ def parse_entry(name: str, data: dict[str, Any]) -> Entry:
         if bad:
             raise KnowledgeBaseError(f"{where}: bad rule code(s) {bad}")
         try:
-            when = re.compile(raw["when"], re.IGNORECASE) if "when" in raw else None
-        except re.error as exc:
+            when = compile_pattern(raw["when"]) if "when" in raw else None
+        except re2.error as exc:
             raise KnowledgeBaseError(f"{where}: bad `when` pattern: {exc}") from exc
         causes.append(Cause(_require(raw, "text", str, where), codes, raw.get("tell", ""), when))
     fixes = [
@@ -156,10 +170,42 @@ def entries() -> tuple[Entry, ...]:
     return tuple(loaded)
 
 
-def best_match(text: str) -> tuple[Entry, re.Match[str]] | None:
+@functools.cache
+def _pattern_set() -> tuple[Any, tuple[Entry, ...]] | None:
+    """Every entry's patterns in one RE2 set: one pass over the text says which entries match.
+
+    None when RE2 cannot build the set (it then falls back to one search per pattern).
+    """
+    try:
+        combined = re2.Set.SearchSet(re2.Options())
+        owners = []
+        for entry in entries():
+            for pattern in entry.patterns:
+                combined.Add(pattern.pattern)
+                owners.append(entry)
+        combined.Compile()
+    except (re2.error, ValueError, TypeError):  # pragma: no cover - a pattern RE2 sets refuse
+        return None
+    return combined, tuple(owners)
+
+
+def _candidates(text: str) -> tuple[Entry, ...]:
+    """The entries with at least one matching pattern (all entries if the set cannot tell)."""
+    compiled = _pattern_set()
+    if compiled is not None:
+        combined, owners = compiled
+        try:
+            hits = combined.Match(text)
+        except (re2.error, ValueError, TypeError):  # pragma: no cover - RE2 out of memory
+            return entries()
+        return tuple(dict.fromkeys(owners[i] for i in sorted(hits or ())))  # None: no match
+    return entries()  # pragma: no cover
+
+
+def best_match(text: str) -> tuple[Entry, Match] | None:
     """The entry that explains `text`: highest priority, then earliest match in the text."""
-    found: list[tuple[int, int, Entry, re.Match[str]]] = []
-    for entry in entries():
+    found: list[tuple[int, int, Entry, Match]] = []
+    for entry in _candidates(text):
         match = entry.search(text)
         if match:
             found.append((-entry.priority, match.start(), entry, match))
@@ -189,11 +235,17 @@ _ARGUMENTS = (
 )
 
 
-def message_facts(text: str, match: re.Match[str] | None = None) -> dict[str, Any]:
+_FACTS_WINDOW = 8_000  # characters either side of the match that facts are read from
+
+
+def message_facts(text: str, match: Match | None = None) -> dict[str, Any]:
     """Devices, argument names, op and other details named in an error message."""
     facts: dict[str, Any] = {}
     if match is not None:
         facts.update({k: v for k, v in match.groupdict().items() if v})
+    if len(text) > 2 * _FACTS_WINDOW:  # a whole log: the facts are in the matched error
+        start = match.start() if match is not None else len(text) - _FACTS_WINDOW
+        text = text[max(0, start - _FACTS_WINDOW) : start + _FACTS_WINDOW]
     devices: list[str] = []
     for legacy in _LEGACY_TYPE.finditer(text):
         devices.append("cuda" if legacy.group(1) else "cpu")

@@ -8,29 +8,36 @@ reconciles the `module.` / `_orig_mod.` prefixes that DDP and torch.compile add.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
-import re
 import secrets
 import socket
-import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchdoctor.errors import CheckpointError, InvalidArgumentError, UnsafeCheckpointError
+from torchdoctor.errors import CheckpointError, InvalidArgumentError
+from torchdoctor.runtime.checkpoint_read import read_checkpoint
+from torchdoctor.runtime.checkpoint_restore import (
+    adapt_prefixes,
+    group_keys,
+    load_model_state,
+    load_object_state,
+    load_optimizer_state,
+    looks_like_state_dict,
+    pick_entry,
+    unwrap_module,
+)
 from torchdoctor.runtime.device import DeviceLike, device_of, pick_device, to_device
 
-__all__ = ["load_checkpoint", "save_checkpoint"]
+__all__ = ["adapt_prefixes", "group_keys", "load_checkpoint", "save_checkpoint"]
 
 # The key of the metadata entry in a checkpoint written by save_checkpoint.
 META_KEY = "__torchdoctor__"
 FORMAT_VERSION = 1
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 # Where other tools' checkpoints usually keep the model and optimizer state.
 MODEL_KEYS = ("model", "state_dict", "model_state_dict", "model_state", "net", "network")
 OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "opt")
@@ -38,18 +45,6 @@ _TEMP_SUFFIX = ".tmp"
 
 
 # --------------------------------------------------------------------------- save
-
-
-def unwrap_module(module: nn.Module) -> nn.Module:
-    """The user's model inside DataParallel / DistributedDataParallel / torch.compile."""
-    while True:
-        if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            inner = module.module
-        else:
-            inner = getattr(module, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if not isinstance(inner, nn.Module):
-            return module
-        module = inner
 
 
 def _state_of(obj: Any) -> tuple[str, Any]:
@@ -177,261 +172,12 @@ def _process_alive(pid: int) -> bool:
 # --------------------------------------------------------------------------- load
 
 
-def _describe_unreadable(path: Path, exc: BaseException) -> CheckpointError:
-    """Turn torch.load's failure into the likely cause, judged from the file's first bytes."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(64)
-    except OSError as os_exc:
-        return CheckpointError(f"cannot read {path}: {os_exc.strerror or os_exc}")
-    text = str(exc)
-    corrupt_fix = "save it again, re-download it, or use an earlier checkpoint"
-    if not head:
-        return CheckpointError(
-            f"{path} is empty: an interrupted save or an incomplete download", fix=corrupt_fix
-        )
-    if head.startswith(b"version https://git-lfs"):
-        return CheckpointError(
-            f"{path} is a Git LFS pointer, not the checkpoint itself",
-            fix="fetch the real file: git lfs pull",
-        )
-    stripped = head.lstrip().lower()
-    if stripped.startswith((b"<!doctype", b"<html", b"<?xml", b"<")):
-        return CheckpointError(
-            f"{path} is an HTML/XML page, not a checkpoint: a download that got an error "
-            "or login page",
-            fix="download the file again from a direct link",
-        )
-    if len(head) > 9 and head[8:10] in (b"{'", b'{"'):
-        return CheckpointError(
-            f"{path} is a safetensors file, not a torch.save checkpoint",
-            fix="load it with safetensors.torch.load_file(path)",
-        )
-    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
-        if "Unsupported global" in text or "WeightsUnpickler" in text:
-            return _unsafe_error(path, text)
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        first = first.split(". This is an internal")[0]
-        return CheckpointError(
-            f"{path} is truncated or corrupt ({first}): an interrupted save or an "
-            "incomplete download",
-            fix=corrupt_fix,
-        )
-    return CheckpointError(
-        f"{path} is not a PyTorch checkpoint (unrecognised contents: {head[:16]!r})",
-        fix="check the path; torch.save files start with a zip or pickle header",
-    )
-
-
-def _unsafe_error(path: Path, text: str) -> UnsafeCheckpointError:
-    match = re.search(r"GLOBAL ([\w.]+)", text)
-    what = f"the type {match.group(1)}" if match else "a type outside the safe allowlist"
-    return UnsafeCheckpointError(
-        f"refused to load {path}: it contains {what}, and unpickling it could run arbitrary "
-        "code (weights_only=True allows only tensors, plain containers and numbers)",
-        fix="if you trust the file, pass weights_only=False; or allow just that type with "
-        "torch.serialization.add_safe_globals([TheType])",
-    )
-
-
-def _read(path: Path, device: torch.device, weights_only: bool) -> Any:
-    if not path.exists():
-        raise CheckpointError(f"no checkpoint at {path}: the file does not exist")
-    if path.is_dir():
-        raise CheckpointError(
-            f"{path} is a directory, not a checkpoint file (a sharded or "
-            "torch.distributed.checkpoint save?)",
-            fix="pass the path of a file written by torch.save / td.save_checkpoint",
-        )
-    opened, damage = _check_records(path)
-    if opened and damage:  # a record fails its checksum: do not even unpickle it
-        raise _corrupt(path, damage)
-    try:
-        data = torch.load(path, map_location=device, weights_only=weights_only)
-    except Exception as exc:  # every torch/pickle failure gets a diagnosis from the header
-        raise _describe_unreadable(path, exc) from exc
-    if damage:  # zipfile could not read the archive's directory, torch.load could
-        raise _corrupt(path, damage)
-    return data
-
-
-def _corrupt(path: Path, reason: str) -> CheckpointError:
-    return CheckpointError(
-        f"{path} is corrupt ({reason}): it changed after it was written "
-        "(a bad disk or copy, an interrupted save or download)",
-        fix="save it again, re-download it, or use an earlier checkpoint",
-    )
-
-
-def _check_records(path: Path) -> tuple[bool, str]:
-    """Check the CRC-32 torch.save stores for every record of its zip archive.
-
-    torch.load does not: a flipped bit in the weights (or in the pickle that names
-    them) would load silently as different numbers. Returns (whether the archive
-    could be opened, why it is damaged or "").
-    """
-    opened = False
-    try:
-        with open(path, "rb") as handle:
-            if handle.read(4) != b"PK\x03\x04":
-                return False, ""  # the legacy pickle format has no checksums
-            with zipfile.ZipFile(handle) as archive:
-                opened = True
-                for info in archive.infolist():
-                    if info.CRC == 0 and info.file_size:
-                        continue  # saved with torch.serialization.config.save.compute_crc32 off
-                    with archive.open(info) as record:
-                        while record.read(1 << 20):  # a CRC mismatch raises at the end
-                            pass
-    except Exception as exc:  # BadZipFile, or whatever a damaged header makes zipfile raise
-        return opened, str(exc) or type(exc).__name__
-    return True, ""
-
-
-def _pick_entry(
-    data: Mapping[str, Any], kinds: Mapping[str, str], kind: str, names: Iterable[str]
-) -> tuple[str, Any] | None:
-    """The entry holding a model's (or optimizer's) state, or None when there is none."""
-    candidates = [name for name, k in kinds.items() if k == kind]
-    for name in names:
-        value = data.get(name)
-        if kinds and name in candidates:
-            return name, value
-        if not kinds and isinstance(value, (Mapping, nn.Module)):
-            return name, value
-    if len(candidates) == 1:
-        return candidates[0], data[candidates[0]]
-    if len(candidates) > 1:
-        raise CheckpointError(
-            f"the checkpoint holds several {kind}s ({', '.join(candidates)}); "
-            "load_checkpoint cannot tell which one you mean",
-            fix=f"load it yourself: ckpt = td.load_checkpoint(path); "
-            f"{'model' if kind == 'module' else kind}.load_state_dict(ckpt[{candidates[0]!r}])",
-        )
-    return None
-
-
-def _looks_like_state_dict(data: Mapping[Any, Any]) -> bool:
-    return bool(data) and all(isinstance(v, torch.Tensor) for v in data.values())
-
-
-def _rename_keys(state: Mapping[str, Any], rename: Any) -> collections.OrderedDict[str, Any]:
-    renamed: collections.OrderedDict[str, Any] = collections.OrderedDict(
-        (rename(k), v) for k, v in state.items()
-    )
-    metadata = getattr(state, "_metadata", None)
-    if isinstance(metadata, dict):  # module versions, keyed by module prefix
-        renamed._metadata = {  # type: ignore[attr-defined]
-            rename(k + ".")[:-1] if k else k: v for k, v in metadata.items()
-        }
-    return renamed
-
-
-def adapt_prefixes(state: Mapping[str, Any], model_keys: Iterable[str]) -> Mapping[str, Any]:
-    """Strip or add `module.` / `_orig_mod.` so the checkpoint keys match the model's."""
-    wanted = set(model_keys)
-    for _ in range(4):  # wrappers can nest: _orig_mod.module.layer...
-        keys = list(state)
-        if not keys or not wanted or set(keys) == wanted:
-            return state
-        for prefix in WRAPPER_PREFIXES:
-            ckpt_has = all(k.startswith(prefix) for k in keys)
-            model_has = all(k.startswith(prefix) for k in wanted)
-            if ckpt_has and not model_has:
-                state = _rename_keys(
-                    state, lambda k, p=prefix: k[len(p) :] if k.startswith(p) else k
-                )
-                break
-            if model_has and not ckpt_has:
-                state = _rename_keys(state, lambda k, p=prefix: p + k)
-                break
-        else:
-            return state
-    return state
-
-
-def group_keys(subset: Iterable[str], universe: Iterable[str], limit: int = 12) -> str:
-    """`encoder.layers.3.* (4 keys), head.weight`: whole subtrees collapsed to one line."""
-    chosen = set(subset)
-    total: collections.Counter[str] = collections.Counter()
-    inside: collections.Counter[str] = collections.Counter()
-    for key in set(universe) | chosen:
-        parts = key.split(".")
-        for depth in range(1, len(parts)):
-            prefix = ".".join(parts[:depth])
-            total[prefix] += 1
-            if key in chosen:
-                inside[prefix] += 1
-    groups: dict[str, int] = {}
-    for key in sorted(chosen):
-        parts = key.split(".")
-        label, count = key, 1
-        for depth in range(1, len(parts)):
-            prefix = ".".join(parts[:depth])
-            if total[prefix] == inside[prefix] and inside[prefix] > 1:
-                label, count = prefix + ".*", inside[prefix]
-                break
-        groups[label] = count
-    shown = [f"{label} ({n} keys)" if n > 1 else label for label, n in groups.items()]
-    if len(shown) > limit:
-        shown = [*shown[:limit], f"... {len(shown) - limit} more"]
-    return ", ".join(shown)
-
-
-def _load_model_state(model: nn.Module, state: Any, strict: bool, path: Path) -> None:
-    target = unwrap_module(model)
-    if isinstance(state, nn.Module):  # a whole pickled model (weights_only=False)
-        state = unwrap_module(state).state_dict()
-    if not isinstance(state, Mapping):
-        raise CheckpointError(
-            f"the model entry of {path} is a {type(state).__name__}, not a state dict"
-        )
-    model_keys = list(target.state_dict())
-    state = adapt_prefixes(state, model_keys)
-    try:
-        result = target.load_state_dict(state, strict=False)
-    except RuntimeError as exc:  # size mismatches are raised even with strict=False
-        details = "; ".join(
-            line.strip() for line in str(exc).splitlines()[1:] if line.strip()
-        ) or str(exc)
-        raise CheckpointError(
-            f"{path} does not fit {type(target).__name__}: {details}",
-            fix="build the model with the same configuration as the one that was saved",
-        ) from exc
-    if strict and (result.missing_keys or result.unexpected_keys):
-        problems = []
-        if result.missing_keys:
-            problems.append(
-                "the model has keys the checkpoint lacks: "
-                + group_keys(result.missing_keys, model_keys)
-            )
-        if result.unexpected_keys:
-            problems.append(
-                "the checkpoint has keys the model lacks: "
-                + group_keys(result.unexpected_keys, list(state))
-            )
-        raise CheckpointError(
-            f"{path} does not match {type(target).__name__}. " + ". ".join(problems),
-            fix="build the same architecture that was saved, or pass strict=False to load "
-            "the keys that match",
-        )
-
-
-def _load_optimizer_state(optimizer: Any, state: Any, path: Path) -> None:
-    try:
-        # Optimizer.load_state_dict moves the state to each parameter's device and dtype.
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise CheckpointError(
-            f"the optimizer state in {path} does not fit this optimizer: {exc}",
-            fix="build the optimizer over the same parameters (and groups) as when saving",
-        ) from exc
-
-
 def _default_device(model: nn.Module | None) -> torch.device:
     if model is not None:
         with contextlib.suppress(Exception):
-            return device_of(model)  # load straight onto the model's device
+            device = device_of(model)  # load straight onto the model's device
+            if device.type != "meta":  # meta holds no data: load real tensors instead
+                return device
     return pick_device()
 
 
@@ -443,30 +189,38 @@ def load_checkpoint(
     device: DeviceLike | None = None,
     strict: bool = True,
     weights_only: bool = True,
+    **objects: Any,
 ) -> dict[str, Any]:
-    """Read a checkpoint, load it into `model` / `optimizer`, and return its entries.
+    """Read a checkpoint, restore every object you pass, and return the extras.
 
-    `map_location` is always set: to `device`, else the model's device, else
-    `pick_device()`. `weights_only=True` refuses pickles that could run code.
-    `module.` / `_orig_mod.` prefixes are stripped or added to match the model.
-    Works with files from `save_checkpoint` and with common plain `torch.save`
-    layouts (a bare state dict, or a dict with "model"/"state_dict"/"optimizer").
+    `model` and `optimizer` are found by kind; any other stateful object (scheduler,
+    GradScaler, an EMA model, a second optimizer, anything with `load_state_dict`) is
+    passed by the name it was saved under: `scheduler=sched, scaler=scaler`. Returns the
+    entries that were not restored into an object you passed: after a full restore, the
+    extras (epoch, config, metrics, ...); a state you did not pass stays in it.
+    `map_location` is always set: to `device`, else the model's device (a model on the
+    meta device gets real tensors from `pick_device()`), else `pick_device()`.
+    `weights_only=True` refuses pickles that could run code. `module.` / `_orig_mod.`
+    prefixes are stripped or added to match each model. Works with files from
+    `save_checkpoint` and with common plain `torch.save` layouts (a bare state dict, or a
+    dict with "model"/"state_dict"/"optimizer").
 
-        ckpt = td.load_checkpoint("last.pt", model, optimizer)
-        start_epoch = ckpt["epoch"] + 1
+        extras = td.load_checkpoint("last.pt", model, optimizer, scheduler=sched, scaler=scaler)
+        start_epoch = extras["epoch"] + 1
     """
     if model is not None and not isinstance(model, nn.Module):
         raise InvalidArgumentError(
             f"load_checkpoint(model=...) must be an nn.Module, not {type(model).__name__}"
         )
-    if optimizer is not None and not callable(getattr(optimizer, "load_state_dict", None)):
-        raise InvalidArgumentError(
-            f"load_checkpoint(optimizer=...) must have load_state_dict(), "
-            f"not a {type(optimizer).__name__}"
-        )
+    for name, obj in {"optimizer": optimizer, **objects}.items():
+        if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
+            raise InvalidArgumentError(
+                f"load_checkpoint({name}=...) must have load_state_dict(), "
+                f"not a {type(obj).__name__}"
+            )
     target = _as_path(path)
     map_location = pick_device(device) if device is not None else _default_device(model)
-    data = _read(target, map_location, weights_only)
+    data = read_checkpoint(target, map_location, weights_only)
     if isinstance(data, nn.Module):
         data = {"model": data}
     if not isinstance(data, Mapping):
@@ -476,26 +230,55 @@ def load_checkpoint(
     entries = dict(data)
     meta = entries.pop(META_KEY, None)
     kinds: Mapping[str, str] = meta.get("kinds", {}) if isinstance(meta, Mapping) else {}
+    restored = _restore(target, entries, kinds, model, optimizer, objects, strict)
+    if model is not None and restored == {"*"}:  # the whole file was the model's state dict
+        return {}
+    return {k: v for k, v in entries.items() if k not in restored}
+
+
+def _restore(
+    target: Path,
+    entries: dict[str, Any],
+    kinds: Mapping[str, str],
+    model: nn.Module | None,
+    optimizer: Any,
+    objects: Mapping[str, Any],
+    strict: bool,
+) -> set[str]:
+    """Load every given object from its entry; return the names of the entries used."""
+    restored: set[str] = set()
+    missing = [name for name in objects if name not in entries]
+    if missing:
+        states = [k for k in entries if kinds.get(k, "extra") != "extra"] or list(entries)
+        raise CheckpointError(
+            f"{target} has no entry {', '.join(map(repr, missing))}; its states are: "
+            + (", ".join(map(str, states[:20])) or "none"),
+            fix="pass each object by the name it was saved under",
+        )
     if model is not None:
-        if not kinds and _looks_like_state_dict(entries):
-            model_state: Any = data
-        else:
-            found = _pick_entry(entries, kinds, "module", MODEL_KEYS)
-            if found is None:
-                raise CheckpointError(
-                    f"{target} has no model state; its top-level keys are: "
-                    + ", ".join(map(str, list(entries)[:20])),
-                    fix="load it yourself: ckpt = td.load_checkpoint(path); "
-                    "model.load_state_dict(ckpt[KEY])",
-                )
-            model_state = found[1]
-        _load_model_state(model, model_state, strict, target)
+        if not kinds and looks_like_state_dict(entries):
+            load_model_state(model, entries, strict, target)
+            return {"*"}
+        found = pick_entry(entries, kinds, "module", MODEL_KEYS, taken=objects)
+        if found is None:
+            raise CheckpointError(
+                f"{target} has no model state; its top-level keys are: "
+                + ", ".join(map(str, list(entries)[:20])),
+                fix="pass the model by the name it was saved under: "
+                "td.load_checkpoint(path, NAME=model)",
+            )
+        load_model_state(model, found[1], strict, target)
+        restored.add(found[0])
     if optimizer is not None:
-        found = _pick_entry(entries, kinds, "optimizer", OPTIMIZER_KEYS)
+        found = pick_entry(entries, kinds, "optimizer", OPTIMIZER_KEYS, taken=objects)
         if found is None:
             raise CheckpointError(
                 f"{target} has no optimizer state; its top-level keys are: "
                 + ", ".join(map(str, list(entries)[:20]))
             )
-        _load_optimizer_state(optimizer, found[1], target)
-    return entries
+        load_optimizer_state(optimizer, found[1], target)
+        restored.add(found[0])
+    for name, obj in objects.items():
+        load_object_state(obj, name, entries[name], strict, target)
+        restored.add(name)
+    return restored
