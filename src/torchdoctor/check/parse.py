@@ -15,6 +15,7 @@ files below `CHUNKED_FROM_BYTES`.
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 
 # Below this size the one-shot parse's peak does not matter (and is slightly faster).
@@ -53,7 +54,7 @@ def _pieces(source: str) -> list[str]:
         if start - cuts[-1] >= PIECE_BYTES and _starts_a_definition(source, start):
             cuts.append(start)
     cuts.append(len(source))
-    return [source[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+    return [source[a:b] for a, b in itertools.pairwise(cuts) if b > a]
 
 
 def _starts_a_definition(source: str, start: int) -> bool:
