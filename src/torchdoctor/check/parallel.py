@@ -93,6 +93,7 @@ def _init_worker(project: ProjectIndex, options: RunOptions, parent_pid: int) ->
     die_with_parent(parent_pid)
     # Ctrl-C reaches the whole process group: the parent alone handles it (and stops us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (commands.py)
     _project, _options = project, options
     tune_gc()
 
