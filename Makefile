@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 # pip warns about every absent local index folder; keep the output readable.
 PIP := $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: venv demo test lint bench docs clean
+.PHONY: venv demo test lint bench fuzz docs clean
 
 venv: $(VENV)/.installed
 
@@ -42,6 +42,13 @@ test: lint
 
 bench: venv
 	$(BIN)/python benchmarks/run_all.py
+
+# The robustness campaign (tests/robustness/campaign.py): generated programs, mutated real
+# files, explain inputs and checkpoint byte flips for FUZZ_SECONDS in all; failing inputs
+# are saved in fuzz-failures/. `make test` runs a few seconds of it (test_campaign.py).
+FUZZ_SECONDS ?= 240
+fuzz: venv
+	$(BIN)/python -m tests.robustness.campaign --seconds $(FUZZ_SECONDS)
 
 # The documentation site (mkdocs + Material) into site/; pages for rules, the API and the
 # explain catalogue are generated from the code by scripts/gen_docs.py on every build.

@@ -12,14 +12,15 @@
 4. counts the findings of every rule on real code (torch's sources, the standard library
    and, if present, the repositories under /work/corpus);
 5. times the check against its peers on growing subsets of the torch tree and plots it
-   (benchmarks/check_scaling.png).
+   (benchmarks/check_scaling.png);
+6. measures the check's peak memory per byte of source on big generated files.
 
 Each script writes its own section of the README (between `<!-- begin: NAME -->` and
 `<!-- end: NAME -->` markers, see _readme.py); scripts that only print get their output
 recorded by this runner. Everything else in the README - the hand-judged precision
 sections of the rule authors in particular - is kept verbatim. A step that fails is
 reported in the header and the run goes on. Steps (for --only/--skip), in order:
-to_device, guard, simulate, check, scaling, device_rules, training_rules, rules, explain.
+to_device, guard, simulate, check, scaling, memory, device_rules, training_rules, rules, explain.
 """
 
 from __future__ import annotations
@@ -564,6 +565,7 @@ STEPS = (
     "simulate",
     "check",
     "scaling",
+    "memory",
     "device_rules",
     "training_rules",
     "rules",
@@ -600,6 +602,9 @@ def commands(args: argparse.Namespace, check_writes: bool) -> dict[str, list[str
             str(ROOT / "src") if quick else str(torch_tree()),
         ],
         "explain": [PYTHON, f"{here}/explain_accuracy.py", "--repeat", "1" if quick else "3"],
+        "memory": [
+            PYTHON, f"{here}/bench_check_memory.py", "--write", "--sizes", "1" if quick else "2,8"
+        ],
         "scaling": [
             peer, f"{here}/bench_check_scaling.py", "--write", "--tree", str(torch_tree()),
             "--runs", runs, *fractions,

@@ -31,11 +31,14 @@ EXIT_ERROR = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that exits with 2 and a one-line message (its default, kept explicit)."""
+    """argparse that exits with 2 and a one-line message, without the usage block.
+
+    The usage of `check` is some twenty lines; printed before the error, it pushes the
+    one line that says what was wrong out of sight. `--help` is named instead.
+    """
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_ERROR, f"torchdoctor: error: {message}\n")
+        self.exit(EXIT_ERROR, f"torchdoctor: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -167,3 +167,53 @@ def test_shared_analysis_is_built_once_per_file_and_freed_with_it() -> None:
     del ctx, first
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.parametrize("where", [".", "sub"])
+def test_a_config_that_is_not_utf8_is_an_error_not_ignored(
+    td: CLI, project: Path, where: str
+) -> None:
+    # a Latin-1 comment: the table is ours, so using the defaults instead would be wrong
+    (project / "pyproject.toml").write_bytes(b'# caf\xe9\n[tool.torchdoctor]\nselect = ["TD101"]\n')
+    write(project / "sub" / "a.py", LOAD)
+    run = td("check", "--no-cache", where)
+    assert run.code == 2, run.out
+    assert run.out == ""
+    [line] = run.err.splitlines()
+    assert line.startswith("torchdoctor: error: cannot read "), line
+    assert line.endswith(
+        "pyproject.toml: not UTF-8 (line 1: byte b'\\xe9'); TOML files must be UTF-8"
+    ), line
+
+
+def test_an_unrelated_config_that_is_not_utf8_is_still_skipped(td: CLI, project: Path) -> None:
+    (project / "pyproject.toml").write_bytes(b"# caf\xe9\n[tool.black]\nline-length = 99\n")
+    write(project / "a.py", LOAD)
+    assert codes(td, "a.py") == [("a.py", "TD402")]
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('extend-ignores = ["TD4"]', "extend-ignores (did you mean 'extend-ignore'?)"),
+        ('selct = ["TD4"]', "selct (did you mean 'select'?)"),
+        ('select = ["TD4O2"]', "'TD4O2' (did you mean 'TD402'?)"),
+        (
+            'ignore = ["load-without-map-location"]',
+            "(did you mean 'TD402', the code of 'load-without-map-location'?)",
+        ),
+        (
+            'ignore = ["load-without-map-locaton"]',
+            "(did you mean 'TD402', the code of 'load-without-map-location'?)",
+        ),
+        ('ignore = ["QQQQQQ"]', "unknown rule code or prefix 'QQQQQQ'\n"),
+    ],
+)
+def test_unknown_keys_and_codes_in_config_suggest_the_closest(
+    td: CLI, project: Path, table: str, message: str
+) -> None:
+    write(project / "pyproject.toml", f"[tool.torchdoctor]\n{table}\n")
+    write(project / "a.py", LOAD)
+    run = td("check", "a.py")
+    assert run.code == 2
+    assert message in run.err.splitlines()[0] + "\n", run.err

@@ -137,3 +137,56 @@ def test_rule_prints_documentation_and_unknown_code_exits_2(td: CLI) -> None:
     missing = td("rule", "TD999")
     assert missing.code == 2
     assert missing.err.startswith("torchdoctor: error: unknown rule 'TD999'")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-j", "0"], "argument -j/--jobs: expected a number of processes >= 1, got '0'"),
+        (["--jobs", "two"], "argument -j/--jobs: expected a number of processes >= 1, got 'two'"),
+        (["--format", "xml"], "argument --format: invalid choice: 'xml'"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_bad_arguments_are_one_line_not_the_usage(
+    td: CLI, project: Path, args: list[str], message: str
+) -> None:
+    write(project / "a.py", LOAD)
+    run = td("check", *args, "a.py")
+    assert run.code == 2
+    assert run.out == ""
+    [line] = run.err.splitlines()
+    assert line.startswith("torchdoctor: error: ") and message in line, line
+    assert "usage:" not in run.err
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (
+            ["--select", "TD4O2"],
+            "--select: unknown rule code or prefix 'TD4O2' (did you mean 'TD402'?)",
+        ),
+        (["--ignore", "TD4022"], "(did you mean 'TD402'?)"),
+        (
+            ["--extend-select", "load-without-map-location"],
+            "(did you mean 'TD402', the code of 'load-without-map-location'?)",
+        ),
+        (["--per-file-ignores", "a.py:TD4O2"], "(did you mean 'TD402'?)"),
+    ],
+)
+def test_unknown_codes_on_the_command_line_suggest_the_closest(
+    td: CLI, project: Path, args: list[str], hint: str
+) -> None:
+    write(project / "a.py", LOAD)
+    run = td("check", *args, "a.py")
+    assert run.code == 2
+    assert hint in run.err.splitlines()[0], run.err
+
+
+def test_unknown_rule_for_the_rule_command_suggests_the_closest(td: CLI) -> None:
+    run = td("rule", "TD4O2")
+    assert run.code == 2
+    assert run.err.startswith("torchdoctor: error: unknown rule 'TD4O2' (did you mean 'TD402'?)")
+    run = td("rule", "load-without-map-locaton")
+    assert "(did you mean 'load-without-map-location'?)" in run.err

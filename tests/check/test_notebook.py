@@ -43,7 +43,7 @@ def notebook() -> dict[str, Any]:
                 ],
                 count=2,
             ),
-            code_cell(["%%time\n", 'x = torch.load("not python? not checked")\n'], count=3),
+            code_cell(["%%bash\n", 'x = torch.load("not python? not checked")\n'], count=3),
             code_cell(
                 [
                     "for path in paths:\n",
@@ -74,7 +74,7 @@ def test_virtual_module_keeps_line_numbers_and_blanks_ipython_syntax() -> None:
     # a cell's final newline gives it an empty last line, as in the cell itself
     assert lines[:5] == ["pass", "import torch", "pass", "", CELL_BREAK]
     assert lines[5:9] == ["pass", 'state = torch.load("ckpt.pt")', "print(state)", CELL_BREAK]
-    assert lines[9:13] == ["", "", "", CELL_BREAK]  # the %%time cell, blanked whole
+    assert lines[9:13] == ["", "", "", CELL_BREAK]  # the %%bash cell, blanked whole
     assert lines[13:18] == [
         "for path in paths:",
         "    pass",
@@ -202,3 +202,64 @@ def test_messages_cite_other_lines_as_cells(td: CLI, project: Path) -> None:
     assert td102.endswith("(a batch from `loader` (cell 2:1))")
     assert "(cell 2:1)" in td112 and "at cell 3:2 was dropped" in td112
     assert "moved to `device` at cell 2:2" in td112 and "line " not in td112
+
+
+def test_python_cell_magics_blank_only_their_magic_line(td: CLI, project: Path) -> None:
+    data = notebook()
+    data["cells"] = [
+        code_cell(["%%time\n", "import torch\n", 'state = torch.load("a.pt")\n'], count=1),
+        code_cell(["%%capture out\n", "%pip list\n", 'w = torch.load("b.pt")\n'], count=2),
+        code_cell(["%%bash\n", 'w = torch.load("shell, not python")\n'], count=3),
+        code_cell(["%%writefile train.py\n", 'w = torch.load("file text")\n'], count=4),
+    ]
+    nb = read_notebook(json.dumps(data))
+    assert [c.lines for c in nb.cells] == [
+        ["", "import torch", 'state = torch.load("a.pt")', ""],
+        ["", "pass", 'w = torch.load("b.pt")', ""],
+        ["", "", ""],
+        ["", "", ""],
+    ]
+    path = write(project / "magics.ipynb", json.dumps(data, indent=1) + "\n")
+    run = td("check", "--select", "TD402", "--no-cache", "--format", "json", path.name)
+    found = [(i["cell"], i["line"]) for i in json.loads(run.out)]
+    assert found == [(1, 3), (2, 3)]
+    # the fixes go into the bodies; the magic lines come back as they were
+    assert td("check", "--select", "TD402", "--no-cache", "--fix", path.name).code == 0
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    assert cells[0]["source"] == [
+        "%%time\n",
+        "import torch\n",
+        'state = torch.load("a.pt", map_location="cpu")\n',
+    ]
+    assert cells[1]["source"][:2] == ["%%capture out\n", "%pip list\n"]
+    assert cells[2:] == data["cells"][2:]
+
+
+def test_malformed_cells_are_warned_about_by_number(td: CLI, project: Path) -> None:
+    data = notebook()
+    data["cells"] = [
+        code_cell(["import torch\n"], count=1),
+        ["not", "a", "cell"],
+        {"source": "torch.load('x')", "metadata": {}},
+        {"cell_type": "code", "metadata": {}, "outputs": []},
+        code_cell(5, count=5),  # type: ignore[arg-type]
+        {"cell_type": "kode", "source": "x = 1"},
+        code_cell(['state = torch.load("a.pt")\n'], count=7),
+    ]
+    path = write(project / "odd.ipynb", json.dumps(data))
+    run = td("check", "--select", "TD402", "--no-cache", "--format", "json", path.name)
+    assert run.code == 1
+    # the good cells are still checked
+    assert [(i["cell"], i["line"]) for i in json.loads(run.out)] == [(7, 1)]
+    assert run.err.splitlines() == [
+        f"torchdoctor: warning: {path.name}: cell 2 is a JSON list, not an object; not checked",
+        f"torchdoctor: warning: {path.name}: cell 3 has no cell_type; not checked",
+        f"torchdoctor: warning: {path.name}: cell 4 has no 'source'; not checked",
+        f"torchdoctor: warning: {path.name}: cell 5 has a 'source' that is neither text "
+        "nor a list of lines; not checked",
+        f"torchdoctor: warning: {path.name}: cell 6 has an unknown cell_type 'kode'; not checked",
+    ]
+    # --fix leaves the malformed cells exactly as they were
+    assert td("check", "--select", "TD402", "--no-cache", "--fix", path.name).code == 0
+    written = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    assert written[1:6] == data["cells"][1:6]

@@ -88,12 +88,25 @@ NOTEBOOKS_BROKEN: dict[str, tuple[bytes, str]] = {
     "cells_not_list.ipynb": (_notebook({"0": _code_cell("x")}), "no 'cells'"),
     "top_level_list.ipynb": (b"[1, 2, 3]", "no 'cells'"),
     "nbformat3.ipynb": (json.dumps({"worksheets": [], "nbformat": 3}).encode(), "no 'cells'"),
-    "source_is_number.ipynb": (_notebook([_code_cell(5)]), "'source'"),
     "not_utf8.ipynb": (b'{"cells": "\xff"}', "decode"),
     "deep_json.ipynb": (b"[" * 100_000 + b"]" * 100_000, "notebook"),
     "cell_syntax_error.ipynb": (
         _notebook([_code_cell("def (:\n"), _code_cell("import torch\n" + LOAD.decode())]),
         "SyntaxError",
+    ),
+}
+
+
+# file name -> (bytes, the warning on stderr): notebooks with a malformed cell, whose
+# other cells are still checked (each has a TD402 finding in a good cell)
+NOTEBOOKS_WARNED: dict[str, tuple[bytes, str]] = {
+    "source_is_number.ipynb": (
+        _notebook([_code_cell(5), _code_cell(OK.decode())]),
+        "cell 1 has a 'source' that is neither text nor a list of lines; not checked",
+    ),
+    "cell_is_string.ipynb": (
+        _notebook([_code_cell(OK.decode()), "x = 1"]),
+        "cell 2 is a JSON str, not an object; not checked",
     ),
 }
 
@@ -123,7 +136,7 @@ def _unreadable(folder: Path) -> Iterator[tuple[str, str]]:
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], CheckRun]:
     folder = tmp_path_factory.mktemp("hostile")
     (folder / "ok.py").write_bytes(OK)
-    for name, (data, _) in {**READABLE, **BROKEN, **NOTEBOOKS_BROKEN}.items():
+    for name, (data, _) in {**READABLE, **BROKEN, **NOTEBOOKS_BROKEN, **NOTEBOOKS_WARNED}.items():
         (folder / name).write_bytes(data)
     unreadable = dict(_unreadable(folder))
     # a folder named like a file is walked, and a link back up does not loop the walk
@@ -150,6 +163,15 @@ def test_odd_but_valid_files_are_checked(
     _, _, run = hostile
     findings = run.by_file().get(name, [])
     assert [(f["code"], f["line"]) for f in findings] == [("TD402", READABLE[name][1])], findings
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS_WARNED))
+def test_malformed_notebook_cells_are_warned_about(
+    hostile: tuple[Path, dict[str, str], CheckRun], name: str
+) -> None:
+    _, _, run = hostile
+    assert f"torchdoctor: warning: {name}: {NOTEBOOKS_WARNED[name][1]}\n" in run.stderr
+    assert [f["code"] for f in run.by_file()[name]] == ["TD402"]
 
 
 @pytest.mark.parametrize("name", sorted({**BROKEN, **NOTEBOOKS_BROKEN}))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_lsp
@@ -45,12 +47,25 @@ def _uri(path: Path) -> str:
     return path.resolve().as_uri()
 
 
+async def _published(client: LanguageClient, uris: list[str], check: Any = None) -> None:
+    """Wait until the server has published diagnostics for every uri (and `check` holds).
+
+    Polling, not `wait_for_notification`: a notification that arrives before the wait
+    starts would be missed, and the test would hang."""
+
+    async def arrived() -> None:
+        while not all(u in client.diagnostics for u in uris) or (check and not check()):
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(arrived(), timeout=120)
+
+
 async def _open(client: LanguageClient, path: Path, text: str) -> list[types.Diagnostic]:
     uri = _uri(path)
     client.text_document_did_open(
         types.DidOpenTextDocumentParams(types.TextDocumentItem(uri, "python", 1, text))
     )
-    await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    await _published(client, [uri])
     return client.diagnostics[uri]
 
 
@@ -80,7 +95,7 @@ async def test_diagnostics_follow_open_change_and_the_project_config(
             [types.TextDocumentContentChangeWholeDocument(fixed)],
         )
     )
-    await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    await _published(client, [uri], lambda: len(client.diagnostics[uri]) == 1)
     assert [d.code for d in client.diagnostics[uri]] == ["TD402"]
 
 
@@ -164,8 +179,7 @@ async def test_notebook_cells_get_their_own_diagnostics(
             ],
         )
     )
-    for _ in cells:
-        await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    await _published(client, cell_uris)
     assert list(client.diagnostics[cell_uris[0]]) == []
     [td402] = client.diagnostics[cell_uris[1]]
     assert td402.code == "TD402"

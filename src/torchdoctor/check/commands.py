@@ -8,7 +8,9 @@ import difflib
 import io
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -17,14 +19,16 @@ from torchdoctor.catalog import catalog, lookup
 from torchdoctor.check import report
 from torchdoctor.check.config import (
     Settings,
+    did_you_mean,
     find_config,
     load_settings,
     parse_torch_version,
     validate_selectors,
 )
 from torchdoctor.check.engine import FileResult, RunOptions
+from torchdoctor.check.fix import remove_temp_files_in_progress
 from torchdoctor.check.notebook import cell_diffs, write_notebook
-from torchdoctor.check.parallel import tune_gc
+from torchdoctor.check.parallel import kill_workers, tune_gc
 from torchdoctor.check.runner import run_check
 from torchdoctor.errors import UsageError
 
@@ -137,20 +141,21 @@ def _split(value: str | None) -> list[str]:
 def _settings(args: argparse.Namespace, anchor: Path) -> Settings:
     """Config file settings (found from `anchor`), then command-line overrides."""
     known = list(catalog())
+    names = {info.name: code for code, info in catalog().items()}
     config_file = args.config
     if config_file is not None and not config_file.is_file():
         raise UsageError(f"--config {config_file}: no such file")
     if config_file is None and not args.isolated:
         config_file = find_config(anchor)
-    settings = load_settings(config_file, known)
+    settings = load_settings(config_file, known, names)
     if args.select is not None:
         # As in ruff: a --select starts afresh; the config's select/extend-select/ignore go.
-        settings.select = validate_selectors(_split(args.select), known, "--select")
+        settings.select = validate_selectors(_split(args.select), known, "--select", names)
         settings.extend_select, settings.ignore = [], []
     settings.extend_select += validate_selectors(
-        _split(args.extend_select), known, "--extend-select"
+        _split(args.extend_select), known, "--extend-select", names
     )
-    settings.ignore += validate_selectors(_split(args.ignore), known, "--ignore")
+    settings.ignore += validate_selectors(_split(args.ignore), known, "--ignore", names)
     if args.per_file_ignores:
         settings.per_file_ignores = {}
         for item in args.per_file_ignores:
@@ -158,7 +163,7 @@ def _settings(args: argparse.Namespace, anchor: Path) -> Settings:
             if not sep or not pattern or not codes.strip():
                 raise UsageError(f"--per-file-ignores {item!r}: expected GLOB:CODES")
             settings.per_file_ignores[pattern] = validate_selectors(
-                _split(codes), known, f"--per-file-ignores {pattern!r}"
+                _split(codes), known, f"--per-file-ignores {pattern!r}", names
             )
     if args.target_version is not None:
         settings.target_version = parse_torch_version(args.target_version, "--target-version")
@@ -202,15 +207,16 @@ def run_check_command(args: argparse.Namespace) -> int:
             raise UsageError("--add-noqa works on files, without --fix or --diff")
         return _add_noqa(paths, settings, options, args.jobs)
     tune_gc()
-    results = run_check(
-        paths,
-        settings,
-        options,
-        jobs=args.jobs,
-        use_cache=not args.no_cache,
-        stdin=stdin_data,
-        stdin_filename=args.stdin_filename,
-    )
+    with _terminate_cleanly():
+        results = run_check(
+            paths,
+            settings,
+            options,
+            jobs=args.jobs,
+            use_cache=not args.no_cache,
+            stdin=stdin_data,
+            stdin_filename=args.stdin_filename,
+        )
 
     if args.diff:
         changed = [r for r in results if r.original is not None and r.source is not None]
@@ -253,6 +259,34 @@ def _add_noqa(paths: list[Path], settings: Settings, options: RunOptions, jobs: 
     files = "file" if added.files == 1 else "files"
     print(f"Added {added.comments} noqa comment(s) in {added.files} {files}.")
     return 0
+
+
+@contextlib.contextmanager
+def _terminate_cleanly() -> Iterator[None]:
+    """While checking, SIGTERM and Ctrl-C end the run at once and leave nothing behind.
+
+    The default actions leave debris: SIGTERM ends this process on the spot (the
+    workers and a half-written temp file of `--fix` stay), and KeyboardInterrupt,
+    raised wherever the main thread happens to be, can land inside the process pool's
+    own bookkeeping. Instead the handler kills the workers, deletes the temp file of a
+    write under way and exits with 128 + the signal number, as a shell reports it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        kill_workers()
+        remove_temp_files_in_progress()
+        sys.stdout.flush()
+        os._exit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -318,8 +352,12 @@ def run_rules_command(args: argparse.Namespace) -> int:
 def run_rule_command(args: argparse.Namespace) -> int:
     info = lookup(args.code)
     if info is None:
+        entries = catalog()
+        hint = did_you_mean(args.code.strip().upper(), entries) or did_you_mean(
+            args.code.strip().lower(), [entry.name for entry in entries.values()]
+        )
         raise UsageError(
-            f"unknown rule {args.code!r}", fix="`torchdoctor rules --all` lists every code"
+            f"unknown rule {args.code!r}{hint}", fix="`torchdoctor rules --all` lists every code"
         )
     print(f"# {info.code} {info.name}\n")
     print(

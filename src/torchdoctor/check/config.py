@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import os
 import sys
@@ -154,10 +155,16 @@ def find_config(start: Path) -> Path | None:
         candidate = folder / "pyproject.toml"
         if candidate.is_file():
             try:
-                text = candidate.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
+                data = candidate.read_bytes()
+            except OSError:
                 continue  # an unrelated unreadable pyproject further up is not ours to judge
-            if "torchdoctor" not in text:
+            if b"torchdoctor" not in data:
+                continue
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                if b"tool.torchdoctor" in data:
+                    return candidate  # ours, but not UTF-8: load_settings says so
                 continue
             try:
                 data = tomllib.loads(text)
@@ -173,15 +180,25 @@ def find_config(start: Path) -> Path | None:
 def load_settings(
     config_file: Path | None,
     known_codes: Sequence[str],
+    names: dict[str, str] | None = None,
 ) -> Settings:
-    """Settings from a pyproject.toml's [tool.torchdoctor] table (or defaults)."""
+    """Settings from a pyproject.toml's [tool.torchdoctor] table (or defaults).
+
+    `names` (rule name -> code) only makes the message for an unknown code better.
+    """
     settings = Settings()
     if config_file is None:
         return settings
     try:
         data = tomllib.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {config_file}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read {config_file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        line = config_file.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"cannot read {config_file}: not UTF-8 (line {line}: byte "
+            f"{exc.object[exc.start : exc.start + 1]!r}); TOML files must be UTF-8",
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{config_file} is not valid TOML: {exc}") from exc
     table = data.get("tool", {}).get("torchdoctor", {})
@@ -189,17 +206,22 @@ def load_settings(
         raise ConfigError(f"{config_file}: [tool.torchdoctor] must be a table")
     settings.root = config_file.parent
     settings.config_file = config_file
-    apply_table(settings, table, known_codes, where=str(config_file))
+    apply_table(settings, table, known_codes, where=str(config_file), names=names)
     return settings
 
 
 def apply_table(
-    settings: Settings, table: dict[str, Any], known_codes: Sequence[str], where: str
+    settings: Settings,
+    table: dict[str, Any],
+    known_codes: Sequence[str],
+    where: str,
+    names: dict[str, str] | None = None,
 ) -> None:
     unknown = sorted(set(table) - KNOWN_KEYS)
     if unknown:
+        named = ", ".join(key + did_you_mean(key, KNOWN_KEYS) for key in unknown)
         raise ConfigError(
-            f"{where}: unknown key(s) in [tool.torchdoctor]: {', '.join(unknown)}",
+            f"{where}: unknown key(s) in [tool.torchdoctor]: {named}",
             fix=f"known keys: {', '.join(sorted(KNOWN_KEYS))}",
         )
 
@@ -207,7 +229,7 @@ def apply_table(
         value = table[key]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: '{key}' must be a list of rule codes")
-        return validate_selectors(value, known_codes, where=f"{where}: '{key}'")
+        return validate_selectors(value, known_codes, f"{where}: '{key}'", names)
 
     def globs(key: str) -> list[str]:
         value = table[key]
@@ -236,7 +258,7 @@ def apply_table(
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"{where}: per-file-ignores '{pattern}' must list rule codes")
             settings.per_file_ignores[pattern] = validate_selectors(
-                value, known_codes, where=f"{where}: per-file-ignores '{pattern}'"
+                value, known_codes, f"{where}: per-file-ignores '{pattern}'", names
             )
     if "target-version" in table:
         settings.target_version = parse_torch_version(str(table["target-version"]), where)
@@ -259,18 +281,42 @@ def parse_torch_version(text: str, where: str = "target-version") -> tuple[int, 
     return major, minor
 
 
+def did_you_mean(word: str, known: Iterable[str], names: dict[str, str] | None = None) -> str:
+    """` (did you mean 'x'?)` for the closest of `known` (or of rule `names`), or ''.
+
+    `names` maps rule names to codes: `select = ["load-without-map-location"]` suggests
+    its code, since selectors are codes.
+    """
+    if names and word.lower() in names:
+        return f" (did you mean {names[word.lower()]!r}, the code of {word.lower()!r}?)"
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    if not close and names:
+        close_names = difflib.get_close_matches(word.lower(), list(names), n=1, cutoff=0.6)
+        if close_names:
+            name = close_names[0]
+            return f" (did you mean {names[name]!r}, the code of {name!r}?)"
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def validate_selectors(
-    selectors: Sequence[str], known_codes: Sequence[str], where: str
+    selectors: Sequence[str],
+    known_codes: Sequence[str],
+    where: str,
+    names: dict[str, str] | None = None,
 ) -> list[str]:
-    """Each selector must be ALL or a prefix of at least one known code."""
+    """Each selector must be ALL or a prefix of at least one known code.
+
+    `names` (rule name -> code) only improves the message for a selector that is not.
+    """
     out = []
     for raw in selectors:
         sel = raw.strip().upper()
         if not sel:
             continue
         if sel != "ALL" and not any(code.startswith(sel) for code in known_codes):
+            hint = did_you_mean(sel, known_codes, names) or did_you_mean(raw.strip(), [], names)
             raise ConfigError(
-                f"{where}: unknown rule code or prefix {raw!r}",
+                f"{where}: unknown rule code or prefix {raw!r}{hint}",
                 fix="`torchdoctor rules` lists every code",
             )
         out.append(sel)

@@ -21,6 +21,7 @@ from torchdoctor.check.context import (
     spans_a_line,
 )
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
+from torchdoctor.check.parse import parse_module
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
@@ -130,7 +131,7 @@ def check_source(
         rules = [r for r in rules if r.code not in file_noqa]
     try:
         if tree is None:
-            tree = ast.parse(source, filename=path)
+            tree = parse_module(source, path)
     except SyntaxError as exc:
         return [
             syntax_error_finding(

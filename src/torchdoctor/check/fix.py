@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import re
+import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -54,10 +55,69 @@ def _overlaps(a: Edit, b: Edit) -> bool:
     return a.start < b.end and b.start < a.end
 
 
+def _temp_name_pattern(path: Path) -> re.Pattern[str]:
+    """The names `atomic_write` gives its temp files for `path`: `.NAME.<8 random>.tmp`.
+
+    The 8 characters come from [a-z0-9_], as `tempfile.mkstemp` draws them (the names
+    earlier versions made); nothing else matches.
+    """
+    return re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.tmp")
+
+
+def remove_stale_temp_files(path: Path) -> list[Path]:
+    """Delete temp files an earlier, killed `atomic_write` of `path` left beside it.
+
+    Only names `atomic_write` itself makes for this very file are touched; a run
+    killed with SIGKILL between creating and renaming its temp file leaves one.
+    """
+    pattern = _temp_name_pattern(path)
+    removed = []
+    with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
+        for entry in entries:
+            if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
+_TEMP_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
+# Temp files of `atomic_write` calls under way, for `remove_temp_files_in_progress`.
+_in_progress: set[str] = set()
+
+
+def remove_temp_files_in_progress() -> None:
+    """Delete the temp file of a write under way: for a process about to `os._exit`."""
+    for tmp in list(_in_progress):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _create_temp_file(path: Path) -> tuple[int, str]:
+    """`tempfile.mkstemp` for `path`, registered in `_in_progress` before it exists.
+
+    Registered first, a signal handler that runs at any point of this function finds
+    every temp file there is (mkstemp would leave a window between creating and
+    returning the file).
+    """
+    for _ in range(100):
+        name = "".join(secrets.choice(_TEMP_CHARS) for _ in range(8))
+        tmp = os.path.join(path.parent, f".{path.name}.{name}.tmp")
+        _in_progress.add(tmp)
+        try:
+            return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), tmp
+        except FileExistsError:
+            _in_progress.discard(tmp)
+        except BaseException:
+            _in_progress.discard(tmp)
+            raise
+    raise FileExistsError(f"no free temp file name beside {path}")
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so a crash leaves either the old or the new file."""
-    folder = path.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    remove_stale_temp_files(path)
+    fd, tmp = _create_temp_file(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -70,6 +130,8 @@ def atomic_write(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    finally:
+        _in_progress.discard(tmp)
 
 
 def encode_like(original: bytes, text: str) -> bytes:

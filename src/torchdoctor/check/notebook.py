@@ -1,8 +1,9 @@
 """Jupyter notebooks as one virtual Python module, and back.
 
 The code cells are joined into one module that rules check like any file.
-IPython syntax that is not Python (`%magic`, `!shell`, `obj?`, whole `%%` cell
-magics) is blanked line by line so every line keeps its number; a comment line
+IPython syntax that is not Python (`%magic`, `!shell`, `obj?`, the `%%time` line of
+a cell magic whose body is Python, whole cells of other `%%` magics such as `%%bash`)
+is blanked line by line so every line keeps its number; a comment line
 marks where one cell ends and the next begins, so that after `--fix` the new
 code of each cell can be split out again and written back into the notebook
 JSON with everything else (metadata, outputs, other cells) untouched.
@@ -27,6 +28,11 @@ _MAGIC = re.compile(
     r"^\s*(?:[%!?]|[\w.]+\?{1,2}\s*$|[\w.,\s]+=\s*[%!]\w)",
 )
 _INDENT = re.compile(r"^[ \t]*")
+# Cell magics whose body IPython runs as Python: only their `%%` line is not Python.
+# Any other (`%%bash`, `%%writefile`, `%%html`, ...) makes the whole cell something else.
+PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun", "debug", "memit"})
+_CELL_MAGIC = re.compile(r"\s*%%(\w*)")
+CELL_TYPES = frozenset({"code", "markdown", "raw"})
 
 
 class NotebookError(TorchDoctorError):
@@ -50,6 +56,7 @@ class Notebook:
     indent: int | None  # the JSON layout to write back with
     ensure_ascii: bool
     final_newline: bool
+    warnings: list[str] = field(default_factory=list)  # malformed cells, by cell number
 
 
 def read_notebook(text: str) -> Notebook:
@@ -65,12 +72,16 @@ def read_notebook(text: str) -> Notebook:
     cells: list[Cell] = []
     virtual: list[str] = []
     cell_lines: list[tuple[int, int]] = []
+    warnings: list[str] = []
     for index, raw in enumerate(raw_cells):
-        if not isinstance(raw, dict) or raw.get("cell_type") != "code":
+        problem = _malformed(raw)
+        if problem:
+            warnings.append(f"cell {index + 1} {problem}; not checked")
             continue
-        code = _join_source(raw.get("source", ""))
-        if code is None:
-            raise NotebookError(f"cell {index + 1}: 'source' is neither text nor a list of lines")
+        if raw["cell_type"] != "code":
+            continue
+        code = _join_source(raw["source"])
+        assert code is not None  # _malformed checked it
         cell = Cell(index, code, _NEWLINE.split(code) if code else [])
         _blank_ipython(cell)
         cells.append(cell)
@@ -88,7 +99,22 @@ def read_notebook(text: str) -> Notebook:
         indent=len(match.group(1)) if match else None,
         ensure_ascii=text.isascii() and "\\u" in text,
         final_newline=text.endswith("\n"),
+        warnings=warnings,
     )
+
+
+def _malformed(raw: object) -> str | None:
+    """What makes a cell unusable (nbformat 4 requires an object with these), or None."""
+    if not isinstance(raw, dict):
+        return f"is a JSON {type(raw).__name__}, not an object"
+    kind = raw.get("cell_type")
+    if kind not in CELL_TYPES:
+        return "has no cell_type" if kind is None else f"has an unknown cell_type {kind!r}"
+    if "source" not in raw:
+        return "has no 'source'"
+    if _join_source(raw["source"]) is None:
+        return "has a 'source' that is neither text nor a list of lines"
+    return None
 
 
 def _join_source(source: object) -> str | None:
@@ -104,19 +130,26 @@ def _blank_ipython(cell: Cell) -> None:
     lines = cell.lines
     if not lines:
         return
-    if lines[0].lstrip().startswith("%%"):
-        # A cell magic (%%time, %%bash, %%writefile): the body may not be Python at all.
-        cell.magic_lines = dict(enumerate(lines))
-        cell.lines = [""] * len(lines)
-        return
-    if not any(_MAGIC.match(line) for line in lines):
+    first = 0
+    magic = _CELL_MAGIC.match(lines[0])
+    if magic:
+        cell.magic_lines[0] = lines[0]
+        lines[0] = ""
+        if magic.group(1) not in PYTHON_CELL_MAGICS:
+            # %%bash, %%writefile, ...: the body is not Python at all
+            cell.magic_lines.update(enumerate(lines[1:], start=1))
+            cell.lines = [""] * len(lines)
+            return
+        first = 1  # %%time and kin: the body is Python, line magics and all
+    body = lines[first:]
+    if not any(_MAGIC.match(line) for line in body):
         return
     try:
-        ast.parse(cell.code)
+        ast.parse("\n".join(body))
         return  # valid Python already: a line such as `% b` continues an expression
     except (SyntaxError, ValueError):
         pass
-    for i, line in enumerate(lines):
+    for i, line in enumerate(lines[first:], start=first):
         if _MAGIC.match(line):
             cell.magic_lines[i] = line
             lines[i] = _INDENT.match(line).group() + "pass"  # type: ignore[union-attr]

@@ -8,9 +8,12 @@ fixed text. Files are written by the parent only.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -64,8 +67,33 @@ def tune_gc() -> None:
     gc.set_threshold(100_000, 20, 100)
 
 
-def _init_worker(project: ProjectIndex, options: RunOptions) -> None:
+# prctl(2) option: the signal this process gets when its parent thread dies.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this (worker) process die when the process that started it dies.
+
+    A worker blocked on the task queue never notices a parent killed with SIGKILL (the
+    queue's pipe stays open: forked workers hold its write end too), so without this
+    the workers of a killed run live on forever. Linux only; elsewhere the pool's
+    shutdown on every exit path of `run_tasks` is what stops them.
+    """
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _init_worker(project: ProjectIndex, options: RunOptions, parent_pid: int) -> None:
     global _project, _options
+    die_with_parent(parent_pid)
+    # Ctrl-C reaches the whole process group: the parent alone handles it (and stops us).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (commands.py)
     _project, _options = project, options
     tune_gc()
 
@@ -103,10 +131,48 @@ def run_tasks(
     method = "fork" if sys.platform == "linux" else None
     context = multiprocessing.get_context(method)
     chunksize = max(1, len(tasks) // (workers * 8))
-    with ProcessPoolExecutor(
+    pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=context,
         initializer=_init_worker,
-        initargs=(project, options),
-    ) as pool:
-        return list(pool.map(_check_in_worker, tasks, chunksize=chunksize))
+        initargs=(project, options, os.getpid()),
+    )
+    try:
+        results = pool.map(_check_in_worker, tasks, chunksize=chunksize)
+        # With fork, every worker exists once map() has queued the tasks.
+        _worker_pids.update(getattr(pool, "_processes", None) or {})
+        outcomes = list(results)
+    except BaseException:
+        # A broken pool or an error here: stop now, not after every queued file is
+        # checked (which is what leaving a `with` block would wait for).
+        _stop_workers(pool)
+        raise
+    finally:
+        _worker_pids.clear()
+    pool.shutdown(wait=True)
+    return outcomes
+
+
+# Worker processes of the pool now running, for `kill_workers` (a signal handler).
+_worker_pids: set[int] = set()
+
+
+def kill_workers() -> None:
+    """SIGKILL the workers of the running pool: for a parent about to `os._exit`."""
+    for pid in list(_worker_pids):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel what is queued and end the worker processes at once."""
+    # The executor has no public way to end its workers before Python 3.14.
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError):
+            process.kill()
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError, AssertionError):
+            process.join(timeout=5)
+    pool.shutdown(wait=True)  # the executor's thread sees the dead workers and ends

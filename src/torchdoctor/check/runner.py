@@ -68,6 +68,8 @@ def load_source(path: Path, data: bytes | None = None) -> Source:
             return Source(path, data, error=syntax_error_finding(f"cannot decode notebook: {exc}"))
         except NotebookError as exc:
             return Source(path, data, error=syntax_error_finding(exc.message))
+        for warning in notebook.warnings:
+            print(f"torchdoctor: warning: {path}: {warning}", file=sys.stderr)
         return Source(path, data, notebook.source, notebook)
     try:
         return Source(path, data, decode_source(data))
