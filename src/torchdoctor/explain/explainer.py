@@ -232,7 +232,12 @@ def _add_live_findings(explanation: Explanation, exc: BaseException, model: Any)
             for c in findings.culprits
             if c.code and c.code not in covered
         )
-        explanation.causes = tuple(sorted((*found, *explanation.causes), key=rank))
+        causes = tuple(sorted((*found, *explanation.causes), key=rank))
+        diagnosis = findings.diagnosis
+        if diagnosis is not None and diagnosis.culprits:
+            # the frames named the culprit: the causes pointing elsewhere are ruled out
+            causes = tuple(c for c in causes if diagnosis.code in c.codes) or causes
+        explanation.causes = causes
         explanation.code = findings.codes[0]
 
 

@@ -72,6 +72,7 @@ class Patcher:
 
         @functools.wraps(value)
         def guarded(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True  # noqa: F841  (read by pytest)
             if patcher.closed:
                 return real(*args, **kwargs)
             return value(*args, **kwargs)

@@ -14,8 +14,8 @@ import torch
 from torch.utils._python_dispatch import _pop_mode, _push_mode
 
 from torchdoctor.errors import SimulationUnsupportedError, UsageError
+from torchdoctor.runtime.diagnosis import Diagnosis, diagnose_violation
 from torchdoctor.runtime.sim.devices import WILD, VirtualDevices, set_tag
-from torchdoctor.runtime.sim.diagnose import Diagnosis, diagnose
 from torchdoctor.runtime.sim.mode import SimulatedError, VirtualDeviceMode
 from torchdoctor.runtime.sim.patches import Patches
 from torchdoctor.runtime.sim.rules import CPU_BY_DESIGN, Violation
@@ -46,6 +46,32 @@ _ERROR_TYPES: dict[type[BaseException], type[BaseException]] = {
     TypeError: VirtualDeviceTypeError,
     torch.AcceleratorError: VirtualAcceleratorError,
 }
+
+# Tracebacks print these under PyTorch's names (RuntimeError, torch.AcceleratorError), as
+# a GPU machine would; `except td.VirtualDeviceError` and `except RuntimeError` both work.
+for _shown, _error in _ERROR_TYPES.items():
+    _error.__module__ = _shown.__module__
+    _error.__qualname__ = _error.__name__ = _shown.__qualname__
+
+
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def hide_own_frames(error: BaseException) -> None:
+    """Drop torchdoctor's frames from `error`'s traceback, as pytest hides its own."""
+    entries = []
+    tb = error.__traceback__
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    kept = [t for t in entries if not t.tb_frame.f_code.co_filename.startswith(_OWN_DIR)]
+    if not kept or len(kept) == len(entries):
+        return
+    for outer, inner in zip(kept, kept[1:]):
+        outer.tb_next = inner
+    kept[-1].tb_next = None
+    error.__traceback__ = kept[0]
+
 
 INVALID_ORDINAL = (
     "CUDA error: invalid device ordinal\n"
@@ -224,6 +250,8 @@ class Simulation:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+        if exc is not None:
+            hide_own_frames(exc)
 
     @contextlib.contextmanager
     def thread_mode(self) -> Iterator[None]:
@@ -260,7 +288,8 @@ class Simulation:
 
         Returns the device the call's outputs should take when the run goes on.
         """
-        diagnosis = diagnose(violation, sys._getframe(1))
+        __tracebackhide__ = True  # pytest: the user's line is the last one shown
+        diagnosis = diagnose_violation(violation, sys._getframe(1))
         if self.keep_going:
             record = self.records.get(diagnosis.key)
             if record is None:
