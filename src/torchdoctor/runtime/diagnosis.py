@@ -261,14 +261,28 @@ def _describe_site(t: Tensor) -> tuple[str | None, str | None]:
     return f"{verb} at {short_path(file)}:{line} by {what}", function
 
 
-def _in_module_method(stack: _Stack, function: str | None) -> bool:
-    """The site's function is a method of a module that is running now (e.g. forward)."""
-    return function is not None and any(f.f_code.co_name == function for f, _ in stack.modules)
+def _in_module_method(stack: _Stack, site: tuple[Any, ...] | None) -> bool:
+    """The site (file, line, what, function) is in a method of the model's modules."""
+    if site is None or len(site) < 4:
+        return False
+    file, function = site[0], site[3]
+    if any(f.f_code.co_name == function and f.f_code.co_filename == file for f, _ in stack.modules):
+        return True
+    modules = [m for _, m in stack.modules]
+    if stack.root is not None:
+        modules += list(stack.root.modules())
+    for cls in {type(m) for m in modules}:
+        method = getattr(cls, function, None)
+        code = getattr(method, "__code__", None)
+        if code is not None and code.co_filename == file:
+            return True
+    return False
 
 
 def name_tensor(tensor: Tensor, device: str, role: str, stack: _Stack) -> Culprit | None:
     """Name `tensor` as the user knows it; None when nothing the user holds is it."""
     storage = _storage(tensor)
+    site = site_of(tensor)
     created, created_in = _describe_site(tensor)
     culprit = Culprit(role, "", "tensor", device, created, created_in)
     if storage is None:
@@ -315,7 +329,13 @@ def name_tensor(tensor: Tensor, device: str, role: str, stack: _Stack) -> Culpri
                     bound.append((frame, hit, value))
                     break
     if not bound:
-        return None
+        if created is None:
+            return None
+        # bound to no name, but we know where it was made: name it by that
+        culprit.name = created.split(" by ", 1)[-1]
+        culprit.kind = "a tensor bound to no name"
+        culprit.made_in_module = created.startswith("created") and _in_module_method(stack, site)
+        return culprit
     frame, path, culprit.value = bound[0]
     code = frame.f_code
     is_argument = path.split("[", 1)[0] in _arguments(frame)
@@ -327,8 +347,8 @@ def name_tensor(tensor: Tensor, device: str, role: str, stack: _Stack) -> Culpri
         culprit.kind = f"local variable in {code.co_name}() at {short_path(code.co_filename)}"
     if in_module and not is_argument:
         # made by the module's own code, unless the site shows it came from elsewhere
-        culprit.made_in_module = created_in is None or _in_module_method(stack, created_in)
-    elif created_in is not None and _in_module_method(stack, created_in):
+        culprit.made_in_module = created_in is None or _in_module_method(stack, site)
+    elif created_in is not None and _in_module_method(stack, site):
         culprit.made_in_module = "created" in (created or "")
     # where it should have been moved: the outermost user frame that holds it
     home_frame, home_path = frame, path

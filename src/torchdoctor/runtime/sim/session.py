@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import os
 import sys
 import threading
@@ -23,19 +24,25 @@ from torchdoctor.runtime.sim.rules import CPU_BY_DESIGN, Violation
 BACKENDS = ("cuda", "mps")
 
 
-class VirtualDeviceError(SimulatedError, RuntimeError):
+class _ShownAsTorch(type):
+    """Metaclass of the simulated errors: they print under PyTorch's own type names."""
+
+
+class VirtualDeviceError(SimulatedError, RuntimeError, metaclass=_ShownAsTorch):
     """What PyTorch raises on a GPU machine (same message); `.diagnosis` names the culprit."""
 
     diagnosis: Diagnosis
 
 
-class VirtualDeviceTypeError(SimulatedError, TypeError):
+class VirtualDeviceTypeError(SimulatedError, TypeError, metaclass=_ShownAsTorch):
     """PyTorch's TypeError for device tensors (`.numpy()` on cuda); `.diagnosis` attached."""
 
     diagnosis: Diagnosis
 
 
-class VirtualAcceleratorError(SimulatedError, torch.AcceleratorError):  # type: ignore[misc]
+class VirtualAcceleratorError(  # type: ignore[misc]
+    SimulatedError, torch.AcceleratorError, metaclass=_ShownAsTorch
+):
     """CUDA's own errors (invalid device ordinal); `.diagnosis` attached."""
 
     diagnosis: Diagnosis
@@ -49,9 +56,19 @@ _ERROR_TYPES: dict[type[BaseException], type[BaseException]] = {
 
 # Tracebacks print these under PyTorch's names (RuntimeError, torch.AcceleratorError), as
 # a GPU machine would; `except td.VirtualDeviceError` and `except RuntimeError` both work.
+_BY_SHOWN_NAME = {shown.__qualname__: error for shown, error in _ERROR_TYPES.items()}
 for _shown, _error in _ERROR_TYPES.items():
     _error.__module__ = _shown.__module__
     _error.__qualname__ = _error.__name__ = _shown.__qualname__
+
+
+def _error_class(shown_name: str) -> type[BaseException]:
+    return _BY_SHOWN_NAME[shown_name]
+
+
+# Pickled by reference (a DataLoader worker sends the class of its error to the parent):
+# the shown name is PyTorch's, so the class is found again through this module.
+copyreg.pickle(_ShownAsTorch, lambda cls: (_error_class, (cls.__qualname__,)))
 
 
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
