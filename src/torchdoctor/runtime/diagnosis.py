@@ -146,6 +146,9 @@ def _stack(frames: list[FrameType], lasti: dict[int, int], root: Module | None) 
     user = [f for f in frames if is_user_file(f.f_code.co_filename)]
     modules = []
     for frame in frames:
+        filename = os.path.normcase(frame.f_code.co_filename)
+        if filename == _MACHINERY or filename.startswith(_OWN):
+            continue  # nn.Module's call machinery, our wrappers: the module's methods say more
         self_obj = frame.f_locals.get("self")
         if isinstance(self_obj, Module):
             modules.append((frame, self_obj))
@@ -324,9 +327,9 @@ def name_tensor(tensor: Tensor, device: str, role: str, stack: _Stack) -> Culpri
             for local, value in list(frame.f_locals.items()):
                 if local == "self" or isinstance(value, Tensor) != direct:
                     continue
-                hit = next((p for p, leaf in _leaves(value, local) if _storage(leaf) is storage), None)
+                hit = next((pl for pl in _leaves(value, local) if _storage(pl[1]) is storage), None)
                 if hit is not None:
-                    bound.append((frame, hit, value))
+                    bound.append((frame, *hit))
                     break
     if not bound:
         if created is None:
