@@ -209,6 +209,11 @@ def _explain_exception(exc: BaseException, model: Any) -> Explanation:
             return explanation
     explanation = Explanation(message=_exception_text(exc), known=False)
     _add_live_findings(explanation, exc, model)
+    if explanation.culprits and explanation.code:
+        # a device error the knowledge base does not word this way, diagnosed from the frames
+        explanation.known = True
+        explanation.topic = "device"
+        explanation.title = "Tensors on different devices in one operation"
     return explanation
 
 

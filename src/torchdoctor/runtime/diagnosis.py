@@ -662,6 +662,8 @@ def _model_device(stack: _Stack) -> str | None:
 
 def _stray_device(message: DeviceMessage, stack: _Stack) -> str | None:
     """The device of the operand on the wrong side: from the message, else the model."""
+    if message.kind == "mismatch" and len(message.devices) == 2 and "cpu" in message.devices:
+        return "cpu"  # the CPU side is the one left behind (as for the simulator's operands)
     if message.stray is not None:
         return message.stray
     model_device = _model_device(stack)

@@ -12,6 +12,7 @@ import ast
 import inspect
 import linecache
 import re
+import textwrap
 from dataclasses import dataclass
 from types import FrameType
 
@@ -40,6 +41,7 @@ _MISMATCH: tuple[tuple[re.Pattern[str], str], ...] = (
         re.compile(r"found input tensor at (?P<b>[\w:]+) and hidden tensor at (?P<a>[\w:]+)"),
         "cpu-else-a",
     ),
+    (re.compile(r"but got (?P<arg>\w+) on (?P<a>[\w:]+) and \w+ on (?P<b>[\w:]+)"), "a"),
     (re.compile(r"Tensor on device (?P<a>[\w:]+) is not on the expected device (?P<b>[\w:]+)"),
      "unknown"),
     (
@@ -147,11 +149,16 @@ def _dotted(node: ast.AST) -> str | None:
 
 def _function_tree(frame: FrameType) -> tuple[ast.AST, int] | None:
     """The frame's function (or module) as a tree, and the line its source starts at."""
-    try:
-        lines, start = inspect.getsourcelines(frame.f_code)
-    except (OSError, TypeError):
-        return None
-    import textwrap
+    code = frame.f_code
+    if code.co_name == "<module>":  # getsourcelines would give the first statement only
+        lines, start = linecache.getlines(code.co_filename, frame.f_globals), 1
+        if not lines:
+            return None
+    else:
+        try:
+            lines, start = inspect.getsourcelines(code)
+        except (OSError, TypeError):
+            return None
 
     try:
         tree = ast.parse(textwrap.dedent("".join(lines)))
