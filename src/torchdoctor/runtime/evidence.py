@@ -118,6 +118,7 @@ def running_expression(frame: FrameType, lasti: int | None = None) -> str:
 
 def referenced_names(expression: str) -> list[str]:
     """Dotted names an expression reads, outermost first: `self.bias`, `y`, `b[1]`."""
+    tree: ast.AST
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError:
@@ -188,9 +189,10 @@ def binding_line(frame: FrameType, name: str) -> int | None:
         names: list[str] = []
         if isinstance(node, ast.Assign):
             names = [n for target in node.targets for n in _targets(target)]
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
-            names = _targets(node.target)
-        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+        elif isinstance(
+            node,
+            (ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.For, ast.AsyncFor, ast.comprehension),
+        ):
             names = _targets(node.target)
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
             names = _targets(node.optional_vars)

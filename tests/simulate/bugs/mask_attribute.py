@@ -14,7 +14,7 @@ class Attention(nn.Module):
         q, k = self.qk(x).split(4, dim=-1)
         att = q @ k.transpose(-2, -1)
         t = x.size(1)
-        att = att.masked_fill(self.mask[:t, :t] == 0, float("-inf"))  # expect: TD104 culprit=model.attn.mask
+        att = att.masked_fill(self.mask[:t, :t] == 0, 0.0)  # expect: TD104 culprit=model.attn.mask
         return att.softmax(-1)
 
 

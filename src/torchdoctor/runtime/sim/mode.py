@@ -147,7 +147,7 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
                 try:
                     self.session.mps_float64(out)
                 except SimulatedError as error:
-                    __tracebackhide__ = True  # noqa: F841  (read by pytest)
+                    __tracebackhide__ = True
                     raise error.with_traceback(None) from None
             if isinstance(out, _Tensor):
                 try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import itertools
 import os
 import sys
 import threading
@@ -68,7 +69,7 @@ def _error_class(shown_name: str) -> type[BaseException]:
 
 # Pickled by reference (a DataLoader worker sends the class of its error to the parent):
 # the shown name is PyTorch's, so the class is found again through this module.
-copyreg.pickle(_ShownAsTorch, lambda cls: (_error_class, (cls.__qualname__,)))
+copyreg.pickle(_ShownAsTorch, lambda cls: (_error_class, (cls.__qualname__,)))  # type: ignore[arg-type, return-value]
 
 
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
@@ -84,7 +85,7 @@ def hide_own_frames(error: BaseException) -> None:
     kept = [t for t in entries if not t.tb_frame.f_code.co_filename.startswith(_OWN_DIR)]
     if not kept or len(kept) == len(entries):
         return
-    for outer, inner in zip(kept, kept[1:]):
+    for outer, inner in itertools.pairwise(kept):
         outer.tb_next = inner
     kept[-1].tb_next = None
     error.__traceback__ = kept[0]
