@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import importlib.abc
+import importlib.machinery
 import itertools
 import os
 import sys
@@ -154,6 +156,34 @@ def _owns_storage(t: torch.Tensor) -> bool:
     return t.storage_offset() == 0 and nbytes == t.numel() * t.element_size()
 
 
+class _DynamoImport(importlib.abc.MetaPathFinder):
+    """Imports torch._dynamo with the patches paused, the first time the program does.
+
+    Dynamo indexes torch's functions by identity when it is imported: it must see the
+    real ones, not our stand-ins. Importing it up front would cost every run a second.
+    """
+
+    def __init__(self, session: Simulation) -> None:
+        self.session = session
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch._dynamo":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        real_exec = spec.loader.exec_module  # type: ignore[union-attr]
+        session = self.session
+
+        def exec_module(module: Any) -> None:
+            with session.patches_paused():
+                real_exec(module)
+            _skip_in_dynamo()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign, union-attr]
+        return spec
+
+
 _active: Simulation | None = None
 
 _lock = threading.Lock()
@@ -222,13 +252,13 @@ class Simulation:
                 )
             _active = self
         try:
-            # Dynamo indexes torch's functions by identity when first imported (optimizers
-            # import it lazily): let it see the real ones, not our stand-ins.
-            import torch._dynamo
             import torch.utils._device
 
             torch.utils._device._device_constructors()  # cached: the real factories
-            _skip_in_dynamo()
+            if "torch._dynamo" in sys.modules:
+                _skip_in_dynamo()
+            else:  # importing it costs a second: only when the program does (optimizers do)
+                sys.meta_path.insert(0, _DynamoImport(self))
 
             self._patches = Patches(self)
             self._patches.install()
@@ -246,6 +276,7 @@ class Simulation:
         global _active
         if _active is not self:
             return
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _DynamoImport)]
         try:
             if self._mode is not None and self._thread == threading.get_ident():
                 _pop_mode()
@@ -270,6 +301,19 @@ class Simulation:
         self.stop()
         if exc is not None:
             hide_own_frames(exc)
+
+    @contextlib.contextmanager
+    def patches_paused(self) -> Iterator[None]:
+        """The real torch functions for a while (while torch._dynamo is imported)."""
+        if self._patches is None:
+            yield
+            return
+        self._patches.uninstall()
+        try:
+            yield
+        finally:
+            self._patches = Patches(self)
+            self._patches.install()
 
     @contextlib.contextmanager
     def thread_mode(self) -> Iterator[None]:
