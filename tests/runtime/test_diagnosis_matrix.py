@@ -152,3 +152,26 @@ def test_same_code_and_culprit_in_every_entry_point(script: Path, entry: str) ->
     got_code, names = ENTRY_POINTS[entry](script, options)
     assert got_code == code, (entry, names)
     assert matches(names, culprit), (entry, names)
+
+
+def test_labels_left_on_the_cpu_get_one_diagnosis_naming_y_and_the_line_that_made_it() -> None:
+    """The issue's script: the explanation names `y` and its torch.randint line, once."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["run", "--simulate", "cuda", str(BUGS / "labels_in_main.py")]) == 1
+    text = err.getvalue()
+    assert text.count("torchdoctor: TD") == 1 and "torchdoctor: TD112" in text
+    assert "TD103" not in text.split("Likely causes")[0]  # y was made in main(), not forward
+    culprits = text.split("\nCulprit:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(culprits) == 1
+    assert culprits[0].startswith("  - local `y`: cpu, int64")
+    assert "created at" in culprits[0] and "labels_in_main.py:12" in culprits[0]
+
+
+def test_an_unmoved_batch_is_blamed_where_the_loop_binds_it() -> None:
+    error = _run(BUGS / "eval_batch_on_cpu.py", {})
+    [culprit] = error.diagnosis.culprits  # type: ignore[attr-defined]
+    assert culprit.bound_at == "tests/simulate/bugs/eval_batch_on_cpu.py:23" or (
+        culprit.bound_at is not None and culprit.bound_at.endswith("eval_batch_on_cpu.py:23")
+    )
+    assert "where it is bound at" in error.diagnosis.hint  # type: ignore[attr-defined]

@@ -122,7 +122,10 @@ def _decide(stray: Culprit, target: str | None) -> tuple[str, str]:
             f"{stray.name} is created inside the model without device=: pass "
             "device=<input>.device to the factory (or make it a registered buffer)"
         )
-    where = f" after it is {stray.created.split(' by ')[0]}" if stray.created else ""
+    if stray.bound_at:  # where the batch reaches the user's code: move it there
+        where = f" where it is bound at {stray.bound_at} ({stray.created})"
+    else:
+        where = f" after it is {stray.created.split(' by ')[0]}" if stray.created else ""
     base = stray.name.split("[", 1)[0]
     if "." in base or not stray.name.isidentifier():
         how = ".to(device)"

@@ -48,6 +48,7 @@ class Culprit:
     made_in_module: bool = False  # made by a module's own code (not passed in)
     value: Any = None  # the named tensor itself (the whole attribute, not a view)
     dropped_move: str | None = None  # "t.py:12": a `.to()` there whose result was dropped
+    bound_at: str | None = None  # "t.py:23": where the user's name got it (for x in loader)
     expression: str | None = None  # how the failing line used it: self.bias[:, :T] == 0
     code: str = ""
 
@@ -312,11 +313,13 @@ def name_tensor(tensor: Tensor, device: str, role: str, stack: Stack) -> Culprit
         if not isinstance(other.f_locals.get("self"), Module):
             home_frame, home_path = other, other_path
     base = home_path.split("[", 1)[0]
-    if culprit.created is None:
-        line = binding_line(home_frame, base)
-        if line is not None:
-            where = short_path(home_frame.f_code.co_filename)
-            culprit.created = f"assigned at {where}:{line}"
+    line = binding_line(home_frame, base)
+    if line is not None:
+        where = f"{short_path(home_frame.f_code.co_filename)}:{line}"
+        if culprit.created is None:
+            culprit.created = f"assigned at {where}"
+        elif not culprit.created.split(" by ")[0].endswith(where):
+            culprit.bound_at = where  # made elsewhere (a dataset), bound to the name here
     for other, other_path, _ in bound:
         line = dropped_move_line(other, other_path)
         assigned = binding_line(other, other_path.split("[", 1)[0])
