@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{max(2, args.rounds // 2)} interleaved rounds), on training scripts shaped like",
             "pytorch/examples' (benchmarks/scripts, our own code, synthetic data):",
             "",
-            *_table([(n, p * 1e3, s_ * 1e3) for n, p, s_ in processes], "CPU ms"),
+            *_table(processes, "CPU ms"),
             "",
             f"Worst whole-process ratio: **{max(s_ / p for _, p, s_ in processes):.2f}** "
             "(goal ≤ 1.2).",

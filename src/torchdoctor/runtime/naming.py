@@ -101,7 +101,9 @@ def build_stack(frames: list[FrameType], lasti: dict[int, int], root: Module | N
         filename = os.path.normcase(frame.f_code.co_filename)
         if filename == MACHINERY or filename.startswith(OWN_DIR):
             continue  # nn.Module's call machinery, our wrappers: the module's methods say more
-        self_obj = frame.f_locals.get("self")
+        code = frame.f_code
+        first = code.co_varnames[0] if code.co_argcount else "self"  # self, by any name
+        self_obj = frame.f_locals.get(first)
         if isinstance(self_obj, Module):
             modules.append((frame, self_obj))
     if root is None and modules:
