@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 import torchdoctor as td
 
 CUDA0 = torch.device("cuda", 0)
+# torch's own notes on sparse tensors, the same with and without simulation
+pytestmark = pytest.mark.filterwarnings("ignore:Sparse:UserWarning")
 
 # Not the same on a GPU by design: where the tensor lives and how it is stored, the
 # host copies (numpy and pinning raise for GPU tensors on a real GPU too), random draws,

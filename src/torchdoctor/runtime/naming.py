@@ -94,6 +94,12 @@ class Stack:
     root_name: str
 
 
+def _is_method(module: Module, code: Any) -> bool:
+    """`code` is a method of the module's class (its first argument is self, by any name)."""
+    method = getattr(type(module), code.co_name, None)
+    return getattr(method, "__code__", None) is code
+
+
 def build_stack(frames: list[FrameType], lasti: dict[int, int], root: Module | None) -> Stack:
     user = [f for f in frames if is_user_file(f.f_code.co_filename)]
     modules = []
@@ -102,9 +108,9 @@ def build_stack(frames: list[FrameType], lasti: dict[int, int], root: Module | N
         if filename == MACHINERY or filename.startswith(OWN_DIR):
             continue  # nn.Module's call machinery, our wrappers: the module's methods say more
         code = frame.f_code
-        first = code.co_varnames[0] if code.co_argcount else "self"  # self, by any name
+        first = code.co_varnames[0] if code.co_argcount else "self"
         self_obj = frame.f_locals.get(first)
-        if isinstance(self_obj, Module):
+        if isinstance(self_obj, Module) and (first == "self" or _is_method(self_obj, code)):
             modules.append((frame, self_obj))
     if root is None and modules:
         root = modules[-1][1]
