@@ -52,9 +52,9 @@ def test_device_mismatch_names_submodule_parameter_and_input() -> None:
         model({"x": torch.zeros(4, 3)})
     error = caught.value
     assert isinstance(error, RuntimeError)  # existing `except RuntimeError` still works
-    assert error.code == "TD120"  # type: ignore[attr-defined]
+    assert error.code == "TD112"  # type: ignore[attr-defined]  # the unmoved batch
     text = str(error)
-    assert text.startswith("TD120 device-mismatch-at-call: `encoder.0` (Linear)")
+    assert text.startswith("TD112 batch-not-moved: `encoder.0` (Linear)")
     assert "input `batch['x']`: cpu" in text
     assert "parameter `encoder.0.weight`: meta" in text
     assert "not on the expected device" in str(error.__cause__)

@@ -316,3 +316,31 @@ def test_cpu_autocast_opt_in_surfaces_mixed_precision_dtype_bugs() -> None:
         pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes"),
     ):
         _mixed_precision_step()
+
+
+def test_dynamo_is_imported_only_when_the_program_does_with_the_real_functions() -> None:
+    """Importing torch._dynamo costs a second: not up front, and when an optimizer imports
+    it mid-simulation it is imported with the patches paused, then torch.compile works."""
+    import subprocess
+    import sys
+    import textwrap
+
+    program = textwrap.dedent(
+        """
+        import sys, torch, torchdoctor as td
+        with td.simulate("cuda"):
+            assert "torch._dynamo" not in sys.modules
+            model = torch.nn.Linear(3, 2).cuda()
+            optimizer = torch.optim.Adam(model.parameters())  # imports torch._dynamo
+            assert "torch._dynamo" in sys.modules
+            assert torch.zeros(2, device="cuda").is_cuda  # the patches are back
+            double = torch.compile(lambda x: x * 2, backend="eager")
+            print(double(torch.ones(2, device="cuda")).device)
+        print(any(type(f).__name__ == "_DynamoImport" for f in sys.meta_path))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["cuda:0", "False"]

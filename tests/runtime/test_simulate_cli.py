@@ -33,8 +33,14 @@ def test_a_device_bug_fails_with_pytorchs_message_and_a_diagnosis(
     code, _, err = run(capsys, "--simulate", "cuda", str(script))
     assert code == 1
     assert "but got target is on cpu, different from other tensors on cuda:0" in err
-    assert "torchdoctor simulate [TD112]: at " in err and "labels_not_moved.py:14" in err
-    assert "loss = criterion(outputs, labels)" in err
+    assert err.startswith("Traceback (most recent call last):")
+    assert "\nRuntimeError: Expected all tensors" in err  # PyTorch's type, not ours
+    assert "torchdoctor/" not in err.split("RuntimeError:")[0]  # no frame of ours shown
+    # one diagnosis (the explanation's), not the simulator's note plus a second opinion
+    assert "torchdoctor simulate [" not in err
+    assert err.count("torchdoctor: TD112") == 1 and "Where: " in err
+    assert "labels_not_moved.py:14" in err and "loss = criterion(outputs, labels)" in err
+    assert "local `labels`: cpu" in err
 
 
 def test_keep_going_finishes_the_program_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:

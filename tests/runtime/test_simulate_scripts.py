@@ -81,7 +81,7 @@ def test_bug_script_fails_at_the_marked_line(script: Path) -> None:
     source = script.read_text()
     lines = source.splitlines()
     line, code = next(
-        (i + 1, text.split("# expect:")[1].strip())
+        (i + 1, text.split("# expect:")[1].split()[0])
         for i, text in enumerate(lines)
         if "# expect:" in text
     )

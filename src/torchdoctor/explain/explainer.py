@@ -233,6 +233,11 @@ def _explain_exception(exc: BaseException, model: Any) -> Explanation:
             return explanation
     explanation = Explanation(message=_exception_text(exc), known=False)
     _add_live_findings(explanation, exc, model)
+    if explanation.culprits and explanation.code:
+        # a device error the knowledge base does not word this way, diagnosed from the frames
+        explanation.known = True
+        explanation.topic = "device"
+        explanation.title = "Tensors on different devices in one operation"
     return explanation
 
 
@@ -256,7 +261,12 @@ def _add_live_findings(explanation: Explanation, exc: BaseException, model: Any)
             for c in findings.culprits
             if c.code and c.code not in covered
         )
-        explanation.causes = tuple(sorted((*found, *explanation.causes), key=rank))
+        causes = tuple(sorted((*found, *explanation.causes), key=rank))
+        diagnosis = findings.diagnosis
+        if diagnosis is not None and diagnosis.culprits:
+            # the frames named the culprit: the causes pointing elsewhere are ruled out
+            causes = tuple(c for c in causes if diagnosis.code in c.codes) or causes
+        explanation.causes = causes
         explanation.code = findings.codes[0]
 
 

@@ -163,6 +163,7 @@ class LiveFindings:
     culprits: tuple[Culprit, ...] = ()
     operands: tuple[Culprit, ...] = ()  # every tensor looked at, culprit or not
     codes: tuple[str, ...] = ()  # codes the culprits point to, strongest first
+    diagnosis: Any = None  # torchdoctor.runtime.diagnosis.Diagnosis of a device error
 
 
 def _walk(tb: TracebackType | None) -> list[tuple[FrameType, int]]:
@@ -230,26 +231,6 @@ def _module_path(root: Any, module: Any) -> str:
     return type(module).__name__
 
 
-def _plain_containers(root: Any) -> list[tuple[str, Any]]:
-    """Modules held in plain list/dict attributes (TD105): invisible to .to() and parameters()."""
-    torch = _torch()
-    found = []
-    for prefix, module in root.named_modules():
-        for attr, value in vars(module).items():
-            items = (
-                value.items()
-                if isinstance(value, dict)
-                else enumerate(value)
-                if isinstance(value, (list, tuple))
-                else ()
-            )
-            for key, item in items:
-                if isinstance(item, torch.nn.Module):
-                    name = f"{prefix}.{attr}" if prefix else attr
-                    found.append((f"{name}[{key!r}]", item))
-    return found
-
-
 def inspect_live(exc: BaseException, root: Any = None, topic: str = "") -> LiveFindings:
     """Look at the frames of a live exception: the failing module, its operands, the culprit."""
     findings = LiveFindings(frame=user_frame_from_traceback(exc.__traceback__))
@@ -309,77 +290,51 @@ def inspect_live(exc: BaseException, root: Any = None, topic: str = "") -> LiveF
                 for leaf_path, tensor in _leaves(value, name):
                     add("local", leaf_path, tensor)
     findings.operands = tuple(operands)
-    if topic == "device":
-        _blame_device(findings, root, failing)
+    if topic == "device" or getattr(exc, "diagnosis", None) is not None:
+        _blame_device(findings, exc, root)
     elif topic == "dtype":
         _blame_dtype(findings, failing)
     return findings
 
 
-def _blame_device(findings: LiveFindings, root: Any, failing: Any) -> None:
-    """Name the tensors on a device other than the model's, and the rule each points to."""
-    operands = findings.operands
-    model = root if root is not None else failing
-    if model is not None:
-        devices = Counter(str(p.device) for p in model.parameters())
-        devices.update(str(b.device) for b in model.buffers())
-    else:
-        devices = Counter()
-    if not devices:
-        devices = Counter(o.device for o in operands if o.role in ("parameter", "buffer"))
-    if not devices:
-        devices = Counter(o.device for o in operands)
-    if len(set(o.device for o in operands) | set(devices)) < 2:
+_ROLES = (
+    ("input of", "input"),
+    ("parameter", "parameter"),
+    ("buffer", "buffer"),
+    ("plain tensor attribute", "attribute"),
+    ("local variable", "local"),
+)
+
+
+def _role(kind: str) -> str:
+    return next((role for prefix, role in _ROLES if kind.startswith(prefix)), "tensor")
+
+
+def _blame_device(findings: LiveFindings, exc: BaseException, root: Any) -> None:
+    """The culprits as the one diagnosis engine names them (shared with the simulator)."""
+    from torchdoctor.runtime.diagnosis import diagnose_exception
+
+    diagnosis = diagnose_exception(exc, root)
+    if diagnosis is None:
         return
-    reference = devices.most_common(1)[0][0]
-    input_devices = {o.device for o in operands if o.role == "input"}
-    culprits: list[Culprit] = []
-    for operand in operands:
-        if operand.device == reference:
-            continue
-        if operand.role == "input":
-            note, code = f"the model is on {reference}; move the batch", "TD112"
-        elif operand.role == "attribute":
-            note = "a plain tensor attribute, not a registered buffer: .to() does not move it"
-            code = "TD104"
-        elif operand.role == "local" and operand.device not in input_devices:
-            note, code = "created inside forward without device=", "TD103"
-        elif operand.role == "local":
-            note, code = "computed from an input on this device", "TD112"
-        else:
-            note, code = f"the rest of the model is on {reference}", "TD120"
+    culprits = []
+    for found in diagnosis.culprits:
+        tensor = found.value
+        dtype, shape = "", None
+        if tensor is not None:
+            _, dtype, shape = _describe(tensor)
+        notes = [diagnosis.hint] if diagnosis.hint else []
+        if found.created and found.created.split(" by ")[0] not in diagnosis.hint:
+            notes.insert(0, found.created)
+        if found.expression:
+            notes.insert(0, f"used as `{found.expression}`")
         culprits.append(
-            Culprit(
-                operand.role, operand.name, operand.device, operand.dtype, operand.shape, note, code
-            )
-        )
-    if root is not None:
-        for name, module in _plain_containers(root):
-            params = list(module.parameters())
-            inside = failing is not None and any(m is failing for m in module.modules())
-            if params and str(params[0].device) != reference and (inside or not culprits):
-                culprits.append(
-                    Culprit(
-                        "module",
-                        name,
-                        str(params[0].device),
-                        note=(
-                            "held in a plain list/dict: not registered, so model.to() skipped it"
-                        ),
-                        code="TD105",
-                    )
-                )
-                # a parameter of it that was blamed as TD120 is really TD105
-                culprits = [
-                    c
-                    if c.code != "TD120"
-                    else Culprit(c.role, c.name, c.device, c.dtype, c.shape, c.note, "TD105")
-                    for c in culprits
-                ]
-    if not culprits and findings.module_path:
-        return
+            Culprit(_role(found.kind), found.name, found.device, dtype, shape, "; ".join(notes),
+                    found.code)
+        )  # fmt: skip
     findings.culprits = tuple(culprits)
-    findings.codes = tuple(dict.fromkeys(c.code for c in culprits if c.code))
+    findings.codes = (diagnosis.code,)
+    findings.diagnosis = diagnosis
 
 
 def _blame_dtype(findings: LiveFindings, failing: Any) -> None:

@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
+from torchdoctor.catalog import lookup
 from torchdoctor.errors import DeviceMismatchError, UsageError
 from torchdoctor.explain.explainer import Explanation, explain
 from torchdoctor.explain.frames import is_library_file
@@ -71,7 +72,10 @@ def _device_error(exc: BaseException, explanation: Explanation) -> DeviceMismatc
         else "an operation"
     )
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    lines = [f"TD120 device-mismatch-at-call: {where} got tensors on different devices"]
+    code = explanation.code or "TD120"  # the one diagnosis's code (TD112, TD104, ...)
+    info = lookup(code)
+    name = info.name if info is not None else "device-mismatch-at-call"
+    lines = [f"{code} {name}: {where} got tensors on different devices"]
     lines += [f"  {culprit}" for culprit in explanation.culprits]
     params = [o for o in explanation.operands if o.role in ("parameter", "buffer")]
     if params and not any(c.role in ("parameter", "buffer") for c in explanation.culprits):
@@ -87,7 +91,7 @@ def _device_error(exc: BaseException, explanation: Explanation) -> DeviceMismatc
     lines.append(f"  PyTorch said: {first_line}")
     fix = explanation.fixes[0].code.splitlines()[0] if explanation.fixes else None
     error = DeviceMismatchError("\n".join(lines), fix=fix)
-    error.code = "TD120"  # type: ignore[attr-defined]
+    error.code = code  # type: ignore[attr-defined]
     error.explanation = explanation  # type: ignore[attr-defined]
     return error
 

@@ -37,7 +37,9 @@ def _exit_code(exc: SystemExit, stderr: TextIO) -> int:
 
 
 def _print_traceback(exc: BaseException, stderr: TextIO) -> None:
-    """The traceback `python` would print: starting at the program's own frames."""
+    """The traceback `python` would print: starting at the program's own frames, without
+    torchdoctor's, and without the simulator's note (the explanation that follows holds it)."""
+    _hide_own_frames(exc)
     tb = exc.__traceback__
     while (
         tb is not None
@@ -45,7 +47,23 @@ def _print_traceback(exc: BaseException, stderr: TextIO) -> None:
         and is_library_file(tb.tb_frame.f_code.co_filename)
     ):
         tb = tb.tb_next
+    notes = getattr(exc, "__notes__", None)
+    diagnosis = getattr(exc, "diagnosis", None)
+    if isinstance(notes, list) and diagnosis is not None:
+        shown = [note for note in notes if not note.startswith("torchdoctor simulate [")]
+        exc.__notes__ = shown  # type: ignore[attr-defined]
+        try:
+            traceback.print_exception(type(exc), exc, tb, file=stderr)
+        finally:
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        return
     traceback.print_exception(type(exc), exc, tb, file=stderr)
+
+
+def _hide_own_frames(exc: BaseException) -> None:
+    simulator = sys.modules.get("torchdoctor.runtime.sim.session")
+    if simulator is not None:
+        simulator.hide_own_frames(exc)
 
 
 def _execute(

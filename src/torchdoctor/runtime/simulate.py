@@ -3,7 +3,7 @@
 The implementation lives in `torchdoctor.runtime.sim`; see its modules.
 """
 
-from torchdoctor.runtime.sim import (
+from torchdoctor.runtime.sim.session import (
     Simulation,
     VirtualAcceleratorError,
     VirtualDeviceError,

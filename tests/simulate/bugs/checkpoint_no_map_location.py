@@ -17,5 +17,5 @@ path = os.path.join(tempfile.mkdtemp(), "model.pt")
 torch.save(model.state_dict(), path)
 
 cpu_model = nn.Linear(3, 1)
-cpu_model.load_state_dict(torch.load(path))  # expect: TD402
+cpu_model.load_state_dict(torch.load(path))  # expect: TD402 culprit=-
 print(cpu_model(torch.ones(1, 3)).shape)

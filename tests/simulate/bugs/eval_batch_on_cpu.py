@@ -21,5 +21,5 @@ model.eval()
 correct = 0
 with torch.no_grad():
     for x, y in val:
-        correct += (model(x).argmax(1).cpu() == y).sum().item()  # expect: TD112
+        correct += (model(x).argmax(1).cpu() == y).sum().item()  # expect: TD112 culprit=x
 print("accuracy", correct / 8)

@@ -11,7 +11,7 @@ class NoisyEncoder(nn.Module):
 
     def forward(self, x):
         noise = torch.randn(x.shape) * 0.1
-        return self.proj(x + noise)  # expect: TD103
+        return self.proj(x + noise)  # expect: TD103 culprit=noise
 
 
 device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -11,5 +11,5 @@ inputs, labels = torch.randn(16, 10), torch.randint(0, 3, (16,))
 
 inputs = inputs.to(device)
 outputs = model(inputs)
-loss = criterion(outputs, labels)  # expect: TD112
+loss = criterion(outputs, labels)  # expect: TD112 culprit=labels
 loss.backward()

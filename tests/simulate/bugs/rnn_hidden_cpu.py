@@ -15,7 +15,7 @@ class Tagger(nn.Module):
 
     def forward(self, x):
         h0 = self.init_hidden(x.size(0))
-        out, _ = self.rnn(x, h0)  # expect: TD103
+        out, _ = self.rnn(x, h0)  # expect: TD103 culprit=h0
         return self.out(out)
 
 

@@ -17,7 +17,7 @@ class Pipeline(nn.Module):
 
     def forward(self, x):
         h = torch.relu(self.front(x.to(first)))
-        return self.back(h)  # expect: TD120
+        return self.back(h)  # expect: TD120 culprit=h
 
 
 print(Pipeline()(torch.randn(3, 6)).shape)

@@ -2,17 +2,14 @@
 
 Modules: `devices` (tag store, virtual devices), `rules` (CUDA's device rules per
 ATen op), `mode` (the dispatch mode), `patches` (Python-level entry points),
-`diagnose` (naming the culprit), `session` (`simulate()` and its records).
+`session` (`simulate()` and its records). Naming the culprit is
+`torchdoctor.runtime.diagnosis`, shared with the guard and the explainer.
+
+The public names load on first use, so `runtime.diagnosis` can import `devices`
+without importing the session (which imports the diagnosis).
 """
 
-from torchdoctor.runtime.sim.session import (
-    Simulation,
-    VirtualAcceleratorError,
-    VirtualDeviceError,
-    VirtualDeviceTypeError,
-    active,
-    simulate,
-)
+from typing import Any
 
 __all__ = [
     "Simulation",
@@ -22,3 +19,11 @@ __all__ = [
     "active",
     "simulate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from torchdoctor.runtime.sim import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

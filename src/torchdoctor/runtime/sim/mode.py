@@ -25,6 +25,11 @@ _UNSET: Any = object()
 class SimulatedError(Exception):
     """Mixin of the errors the simulation raises in PyTorch's name."""
 
+    def __reduce__(self) -> Any:
+        # pickled (multiprocessing) as the PyTorch type it stands for
+        shown = next(c for c in type(self).__mro__[1:] if not issubclass(c, SimulatedError))
+        return (shown, self.args)
+
 
 def _tag_outputs(out: Any, dev: Any) -> None:
     try:
@@ -123,6 +128,7 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
                 return self._slow(func, args, kwargs)
             except SimulatedError as error:
                 # raise from here: the traceback ends at the op, not inside torchdoctor
+                __tracebackhide__ = True  # pytest hides this frame
                 raise error.with_traceback(None) from None
 
         if dev is _UNSET:
@@ -141,6 +147,7 @@ class VirtualDeviceMode(TorchDispatchMode):  # type: ignore[misc]
                 try:
                     self.session.mps_float64(out)
                 except SimulatedError as error:
+                    __tracebackhide__ = True
                     raise error.with_traceback(None) from None
             if isinstance(out, _Tensor):
                 try:

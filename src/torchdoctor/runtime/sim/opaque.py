@@ -71,12 +71,8 @@ class _Opaque(torch.autograd.Function):
         found: dict[int, Any] = {}
         if pairs and wanted:
             with _disable_current_modes():
-                computed = torch.autograd.grad(
-                    [o for o, _ in pairs],
-                    wanted,
-                    [g for _, g in pairs],
-                    allow_unused=True,
-                    create_graph=torch.is_grad_enabled(),
+                computed = _grad(
+                    [o for o, _ in pairs], wanted, [g for _, g in pairs], torch.is_grad_enabled()
                 )
             found = {id(t): g for t, g in zip(wanted, computed, strict=True)}
         result = []
@@ -86,6 +82,21 @@ class _Opaque(torch.autograd.Function):
                 set_tag(grad, ctx.device)
             result.append(grad)
         return (None, None, None, *result)
+
+
+def _grad(outputs: list[Tensor], inputs: list[Tensor], grads: list[Tensor], create: bool) -> Any:
+    """torch.autograd.grad(outputs, inputs, grads, allow_unused=True), straight to the engine.
+
+    torch.autograd.grad checks the given gradients' shapes with sympy-based helpers whose
+    first import costs over a second of every simulated run; these gradients come from
+    autograd itself, so the check has nothing to find.
+    """
+    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+    if engine is None:  # another torch: the public way
+        return torch.autograd.grad(outputs, inputs, grads, allow_unused=True, create_graph=create)
+    return engine.run_backward(
+        tuple(outputs), tuple(grads), create, create, tuple(inputs), True, False
+    )
 
 
 def call_opaque(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._device as _device_context
 
-from torchdoctor.runtime.sim import rules
+from torchdoctor.runtime.sim import legacy, rules
 from torchdoctor.runtime.sim.devices import (
     CPU,
     PINNED,
@@ -72,6 +72,7 @@ class Patcher:
 
         @functools.wraps(value)
         def guarded(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
             if patcher.closed:
                 return real(*args, **kwargs)
             return value(*args, **kwargs)
@@ -157,6 +158,7 @@ class Patches:
         self._threads()
         self._autocast()
         self._unsupported()
+        legacy.install(self)
 
     def uninstall(self) -> None:
         self.patcher.restore()
@@ -167,7 +169,6 @@ class Patches:
         p = self.patcher
         backend = self.backend
         real_get_device = _base.get_device
-        real_type = _base.type
 
         def is_backend(self: Tensor) -> bool:
             tag = tag_of(self)
@@ -182,25 +183,11 @@ class Patches:
                 return int(tag.index)
             return int(real_get_device(self))
 
-        def type_(self: Tensor, dtype: Any = None, non_blocking: bool = False, **kw: Any) -> Any:
-            tag = tag_of(self)
-            if dtype is None:
-                return rules.legacy_type(self, tag if _virtual(tag) else None)
-            name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
-            marker = f".{backend}."
-            if marker in name:
-                cpu_name = name.replace(marker, ".")
-                converted = real_type(self, cpu_name, non_blocking, **kw)
-                return converted.to(backend)
-            result = real_type(self, dtype, non_blocking, **kw)
-            return result.to("cpu") if _virtual(tag) and isinstance(result, Tensor) else result
-
         p.set(Tensor, "device", property(device_of))
         p.set(Tensor, "is_cuda", property(is_backend if backend == "cuda" else lambda t: False))
         p.set(Tensor, "is_mps", property(is_backend if backend == "mps" else lambda t: False))
         p.set(Tensor, "is_cpu", property(is_cpu))
         p.set(Tensor, "get_device", get_device)
-        p.set(Tensor, "type", type_)
 
     # -- moves: to / cuda / cpu ----------------------------------------------
 
@@ -427,6 +414,8 @@ class Patches:
             "range", "eye", "linspace", "logspace", "rand", "randn", "randint", "randperm",
             "scalar_tensor", "tensor", "tril_indices", "triu_indices", "bartlett_window",
             "blackman_window", "hamming_window", "hann_window", "kaiser_window", "normal",
+            "sparse_coo_tensor", "sparse_csr_tensor", "sparse_csc_tensor", "sparse_bsr_tensor",
+            "sparse_bsc_tensor", "sparse_compressed_tensor",
         ]  # fmt: skip
         for name in factories:
             if hasattr(torch, name):

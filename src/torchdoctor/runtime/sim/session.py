@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import copyreg
+import importlib.abc
+import importlib.machinery
+import itertools
 import os
 import sys
 import threading
@@ -14,8 +18,8 @@ import torch
 from torch.utils._python_dispatch import _pop_mode, _push_mode
 
 from torchdoctor.errors import SimulationUnsupportedError, UsageError
+from torchdoctor.runtime.diagnosis import Diagnosis, diagnose_violation
 from torchdoctor.runtime.sim.devices import WILD, VirtualDevices, set_tag
-from torchdoctor.runtime.sim.diagnose import Diagnosis, diagnose
 from torchdoctor.runtime.sim.mode import SimulatedError, VirtualDeviceMode
 from torchdoctor.runtime.sim.patches import Patches
 from torchdoctor.runtime.sim.rules import CPU_BY_DESIGN, Violation
@@ -23,19 +27,25 @@ from torchdoctor.runtime.sim.rules import CPU_BY_DESIGN, Violation
 BACKENDS = ("cuda", "mps")
 
 
-class VirtualDeviceError(SimulatedError, RuntimeError):
+class _ShownAsTorch(type):
+    """Metaclass of the simulated errors: they print under PyTorch's own type names."""
+
+
+class VirtualDeviceError(SimulatedError, RuntimeError, metaclass=_ShownAsTorch):
     """What PyTorch raises on a GPU machine (same message); `.diagnosis` names the culprit."""
 
     diagnosis: Diagnosis
 
 
-class VirtualDeviceTypeError(SimulatedError, TypeError):
+class VirtualDeviceTypeError(SimulatedError, TypeError, metaclass=_ShownAsTorch):
     """PyTorch's TypeError for device tensors (`.numpy()` on cuda); `.diagnosis` attached."""
 
     diagnosis: Diagnosis
 
 
-class VirtualAcceleratorError(SimulatedError, torch.AcceleratorError):  # type: ignore[misc]
+class VirtualAcceleratorError(  # type: ignore[misc]
+    SimulatedError, torch.AcceleratorError, metaclass=_ShownAsTorch
+):
     """CUDA's own errors (invalid device ordinal); `.diagnosis` attached."""
 
     diagnosis: Diagnosis
@@ -46,6 +56,42 @@ _ERROR_TYPES: dict[type[BaseException], type[BaseException]] = {
     TypeError: VirtualDeviceTypeError,
     torch.AcceleratorError: VirtualAcceleratorError,
 }
+
+# Tracebacks print these under PyTorch's names (RuntimeError, torch.AcceleratorError), as
+# a GPU machine would; `except td.VirtualDeviceError` and `except RuntimeError` both work.
+_BY_SHOWN_NAME = {shown.__qualname__: error for shown, error in _ERROR_TYPES.items()}
+for _shown, _error in _ERROR_TYPES.items():
+    _error.__module__ = _shown.__module__
+    _error.__qualname__ = _error.__name__ = _shown.__qualname__
+
+
+def _error_class(shown_name: str) -> type[BaseException]:
+    return _BY_SHOWN_NAME[shown_name]
+
+
+# Pickled by reference (a DataLoader worker sends the class of its error to the parent):
+# the shown name is PyTorch's, so the class is found again through this module.
+copyreg.pickle(_ShownAsTorch, lambda cls: (_error_class, (cls.__qualname__,)))  # type: ignore[arg-type, return-value]
+
+
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def hide_own_frames(error: BaseException) -> None:
+    """Drop torchdoctor's frames from `error`'s traceback, as pytest hides its own."""
+    entries = []
+    tb = error.__traceback__
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    kept = [t for t in entries if not t.tb_frame.f_code.co_filename.startswith(_OWN_DIR)]
+    if not kept or len(kept) == len(entries):
+        return
+    for outer, inner in itertools.pairwise(kept):
+        outer.tb_next = inner
+    kept[-1].tb_next = None
+    error.__traceback__ = kept[0]
+
 
 INVALID_ORDINAL = (
     "CUDA error: invalid device ordinal\n"
@@ -108,6 +154,34 @@ def _heal(violation: Violation, diagnosis: Diagnosis) -> Any:
 def _owns_storage(t: torch.Tensor) -> bool:
     nbytes = t.untyped_storage().nbytes()
     return t.storage_offset() == 0 and nbytes == t.numel() * t.element_size()
+
+
+class _DynamoImport(importlib.abc.MetaPathFinder):
+    """Imports torch._dynamo with the patches paused, the first time the program does.
+
+    Dynamo indexes torch's functions by identity when it is imported: it must see the
+    real ones, not our stand-ins. Importing it up front would cost every run a second.
+    """
+
+    def __init__(self, session: Simulation) -> None:
+        self.session = session
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch._dynamo":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        real_exec = spec.loader.exec_module  # type: ignore[union-attr]
+        session = self.session
+
+        def exec_module(module: Any) -> None:
+            with session.patches_paused():
+                real_exec(module)
+            _skip_in_dynamo()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign, union-attr]
+        return spec
 
 
 _active: Simulation | None = None
@@ -178,13 +252,13 @@ class Simulation:
                 )
             _active = self
         try:
-            # Dynamo indexes torch's functions by identity when first imported (optimizers
-            # import it lazily): let it see the real ones, not our stand-ins.
-            import torch._dynamo
             import torch.utils._device
 
             torch.utils._device._device_constructors()  # cached: the real factories
-            _skip_in_dynamo()
+            if "torch._dynamo" in sys.modules:
+                _skip_in_dynamo()
+            else:  # importing it costs a second: only when the program does (optimizers do)
+                sys.meta_path.insert(0, _DynamoImport(self))
 
             self._patches = Patches(self)
             self._patches.install()
@@ -202,6 +276,7 @@ class Simulation:
         global _active
         if _active is not self:
             return
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _DynamoImport)]
         try:
             if self._mode is not None and self._thread == threading.get_ident():
                 _pop_mode()
@@ -224,6 +299,21 @@ class Simulation:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+        if exc is not None:
+            hide_own_frames(exc)
+
+    @contextlib.contextmanager
+    def patches_paused(self) -> Iterator[None]:
+        """The real torch functions for a while (while torch._dynamo is imported)."""
+        if self._patches is None:
+            yield
+            return
+        self._patches.uninstall()
+        try:
+            yield
+        finally:
+            self._patches = Patches(self)
+            self._patches.install()
 
     @contextlib.contextmanager
     def thread_mode(self) -> Iterator[None]:
@@ -260,7 +350,8 @@ class Simulation:
 
         Returns the device the call's outputs should take when the run goes on.
         """
-        diagnosis = diagnose(violation, sys._getframe(1))
+        __tracebackhide__ = True  # pytest: the user's line is the last one shown
+        diagnosis = diagnose_violation(violation, sys._getframe(1))
         if self.keep_going:
             record = self.records.get(diagnosis.key)
             if record is None:
