@@ -12,6 +12,7 @@ import inspect
 from dataclasses import dataclass
 
 from torchdoctor.check.registry import rule_classes
+from torchdoctor.catalog_multigpu import ENTRIES
 from torchdoctor.check.rule import FixAvailability, Severity
 
 DOCS_URL = "https://torchdoctor.readthedocs.io/en/latest/rules/{code}/"
@@ -218,6 +219,13 @@ RUNTIME_RULES: tuple[RuleInfo, ...] = (
         ```
         """,
     ),
+)
+
+
+# Multi-GPU (simulated torchrun) and non-finite-value codes: their docs live in catalog_multigpu.
+RUNTIME_RULES += tuple(
+    _info(code, name, category, Severity(severity), "runtime", doc)
+    for code, name, category, severity, doc in ENTRIES
 )
 
 

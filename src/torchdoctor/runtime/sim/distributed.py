@@ -75,6 +75,15 @@ class RankRecord:
         return asdict(self)
 
 
+def size(nbytes: float) -> str:
+    """Bytes as people read them: 512 B, 3.1 KiB, 2.0 MiB."""
+    for unit in ("B", "KiB", "MiB"):
+        if nbytes < 1024:
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} GiB"
+
+
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
@@ -146,6 +155,7 @@ class DistributedLayer:
         self.cpu_backend = False  # "cpu:gloo,cuda:nccl": CPU tensors have a backend too
         self.bound_device = False  # init_process_group(device_id=...) picked the GPU
         self.ddp_built = False
+        self._told_device = False
         self._seen: set[tuple[str, str, int]] = set()
         self._saved: list[tuple[Any, str, Any]] = []
 
@@ -265,7 +275,7 @@ class DistributedLayer:
             "NCCL error in: ProcessGroupNCCL.cpp, invalid usage (run with NCCL_DEBUG=WARN for "
             "details)\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
             f"Last error:\nDuplicate GPU detected : rank {first} and rank {second} both on "
-            f"CUDA device {index}000"
+            f"CUDA device {index + 1:x}000"
         )
         error_type = getattr(torch.distributed, "DistBackendError", RuntimeError)
         return error_type(message)  # type: ignore[no-any-return]
@@ -278,9 +288,10 @@ class DistributedLayer:
         raise error.with_traceback(None)
 
     def _check_set_device(self, site: tuple[str, int]) -> None:
-        if not self.nccl or self.bound_device or not self.distributed:
+        if not self.nccl or self.bound_device or not self.distributed or self._told_device:
             return
         if self.session.devices.current != self.record.local_rank:
+            self._told_device = True  # once per rank: the first place it matters
             self.find(
                 "TD703",
                 f"rank {self.record.rank}: the current GPU is {self.session.backend}:"
@@ -344,8 +355,7 @@ class DistributedLayer:
             self.find(
                 "TD702",
                 f"rank {self.record.rank}: DDP wraps a model on {shown}, not on {here} "
-                f"(cuda:LOCAL_RANK); {nbytes / 2**20:.1f} MiB of parameters on another "
-                "rank's GPU",
+                f"(cuda:LOCAL_RANK); {size(nbytes)} of parameters on another rank's GPU",
                 site,
             )
         self.check_collective("DistributedDataParallel's parameter broadcast", params)
@@ -376,9 +386,8 @@ class DistributedLayer:
         foreign = self._foreign(list(_tensors(result)))
         if not foreign:
             return
-        where = ", ".join(
-            f"{n / 2**20:.1f} MiB on {self.session.backend}:{d}" for d, n in sorted(foreign.items())
-        )
+        backend = self.session.backend
+        where = ", ".join(f"{size(n)} on {backend}:{d}" for d, n in sorted(foreign.items()))
         self.find(
             "TD701",
             f"rank {self.record.rank}: torch.load put {where}, not on "

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from torchdoctor.errors import UsageError
+from torchdoctor.runtime.sim.distributed import size
 
 REPORT_ENV = "TORCHDOCTOR_DDP_REPORT"
 LAUNCHER_MODULE = "torch.distributed.run"
@@ -167,9 +168,8 @@ def render(records: list[dict[str, Any]], findings: list[dict[str, Any]]) -> str
         for device, nbytes in r["foreign_bytes"].items():
             piles.setdefault(device, {})[r["rank"]] = nbytes
     for device, by_rank in sorted(piles.items()):
-        total = sum(by_rank.values()) / 2**20
+        total = size(sum(by_rank.values()))
         lines.append(
-            f"  memory: {device} also holds {total:.1f} MiB placed by rank(s) "
-            f"{_span(sorted(by_rank))}"
+            f"  memory: {device} also holds {total} placed by rank(s) {_span(sorted(by_rank))}"
         )
     return "\n".join(lines) + "\n"
