@@ -217,6 +217,7 @@ class NonFiniteFinder:
         self.step = 0
         self.paths = {id(m): name for name, m in model.named_modules()}
         self._forward = model.forward
+        self._before = model.__dict__.get("forward")  # a wrapper of the guard, if any
         self._installed = False
 
     # -- install -------------------------------------------------------------
@@ -230,6 +231,8 @@ class NonFiniteFinder:
     def remove(self) -> None:
         if self._installed:
             self.model.__dict__.pop("forward", None)
+            if self._before is not None:
+                self.model.__dict__["forward"] = self._before
             self._installed = False
 
     def _watched(self, *args: Any, **kwargs: Any) -> Any:
@@ -360,3 +363,70 @@ class NonFiniteFinder:
 def watch(model: nn.Module) -> NonFiniteFinder:
     """Find the origin of the first NaN/Inf in `model`'s forward or backward (TD215)."""
     return NonFiniteFinder(model).install()
+
+
+class WatchAll:
+    """`torchdoctor run --detect-nonfinite`: watch every top-level module (model and loss).
+
+    Global module hooks spot the modules called at the top level during the first
+    `limit` top-level calls and watch each one from then on (including that first
+    call, checked from the global hooks); then the hooks remove themselves, so the
+    steady state costs what `watch(model)` costs.
+    """
+
+    def __init__(self, limit: int = 20) -> None:
+        self.limit = limit
+        self.finders: dict[int, NonFiniteFinder] = {}
+        self._depth = 0
+        self._calls = 0
+        self._inputs: dict[int, tuple[Any, Any]] = {}
+        from torch.nn.modules import module as module_hooks
+
+        self._handles = [
+            module_hooks.register_module_forward_pre_hook(self._enter),
+            module_hooks.register_module_forward_hook(self._leave),
+        ]
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        if self._depth == 0 and id(module) not in self.finders:
+            self.finders[id(module)] = finder = NonFiniteFinder(module)
+            self._inputs[id(module)] = (finder, args)
+        self._depth += 1
+
+    def _leave(self, module: nn.Module, args: Any, out: Any) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        pending = self._inputs.pop(id(module), None)
+        if pending is not None:  # this call was not watched yet: check it from here
+            finder, inputs = pending
+            if torch.is_grad_enabled() and module.training:
+                finder.step += 1
+            if not all_finite(_floats(out)):
+                finder._find_forward(inputs, {})
+            elif torch.is_grad_enabled():
+                finder._watch_backward(out, inputs, {})
+            finder.install()
+        self._calls += 1
+        if self._calls >= self.limit:
+            self._unhook()
+
+    def _unhook(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def remove(self) -> None:
+        self._unhook()
+        for finder in self.finders.values():
+            finder.remove()
+
+
+@contextlib.contextmanager
+def watching(model: nn.Module | None = None) -> Iterator[Any]:
+    """Watch `model` (or every top-level module) for the first NaN/Inf while inside."""
+    handle: NonFiniteFinder | WatchAll = watch(model) if model is not None else WatchAll()
+    try:
+        yield handle
+    finally:
+        handle.remove()

@@ -49,12 +49,26 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="keep the guard's checks on for the first N steps (default 100)",
     )
+    parser.add_argument(
+        "--detect-nonfinite",
+        action="store_true",
+        help="stop at the first NaN/Inf in any model's forward or backward and name the "
+        "module, operation and step where it came from (TD215)",
+    )
     simulate_cli.add_options(parser)
 
 
 def build_contexts(args: argparse.Namespace) -> list[AbstractContextManager[Any]]:
     """Context managers to enter around the program, from the options above."""
-    return [*simulate_cli.contexts(args)]
+    contexts = [*simulate_cli.contexts(args)]
+    if getattr(args, "detect_nonfinite", False):
+        from torchdoctor._torch import require_torch
+
+        require_torch("torchdoctor run --detect-nonfinite")
+        from torchdoctor.runtime.nonfinite import watching
+
+        contexts.append(watching())
+    return contexts
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,6 +102,7 @@ def _launch(args: argparse.Namespace, program: list[str]) -> int:
         ("--keep-going", args.keep_going),
         ("--strict-load", args.strict_load),
         ("--cpu-autocast", args.cpu_autocast),
+        ("--detect-nonfinite", args.detect_nonfinite),
     ):
         if on:
             options.append(flag)
