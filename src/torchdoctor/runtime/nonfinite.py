@@ -106,14 +106,26 @@ def _floats(tree: Any) -> list[torch.Tensor]:
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
-    """One fused check over many tensors: a NaN/Inf anywhere makes some norm non-finite."""
+    """Whether every value is finite, in one cheap pass.
+
+    A NaN/Inf anywhere makes a sum (or a norm) non-finite; a finite sum proves all are
+    finite. A non-finite sum may also be an overflow of huge finite values, so that case
+    is confirmed exactly (rare, and only then is the slow check paid).
+    """
     tensors = [t.detach() for t in tensors if t is not None and t.numel()]
     if not tensors:
         return True
     if len(tensors) == 1:
-        return bool(torch.isfinite(tensors[0]).all())
-    norms = torch._foreach_norm([t if t.is_floating_point() else t.float() for t in tensors])
-    return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+        total = tensors[0].sum()
+    else:
+        total = torch.stack(torch._foreach_norm([_as_float(t) for t in tensors])).sum()
+    if math.isfinite(float(total.real if total.is_complex() else total)):
+        return True
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _as_float(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_floating_point() or t.is_complex() else t.float()
 
 
 # -- the suggestion ------------------------------------------------------------------
