@@ -11,8 +11,8 @@ import functools
 import inspect
 from dataclasses import dataclass
 
-from torchdoctor.check.registry import rule_classes
 from torchdoctor.catalog_multigpu import ENTRIES
+from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import FixAvailability, Severity
 
 DOCS_URL = "https://torchdoctor.readthedocs.io/en/latest/rules/{code}/"

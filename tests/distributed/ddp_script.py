@@ -41,10 +41,7 @@ def main() -> None:
     else:
         loader = DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, seed=0))
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    if bug == "model-on-cuda0":
-        model = model.to("cuda:0")  # bug: model-on-cuda0
-    else:
-        model = model.to(device)
+    model = model.to("cuda:0" if bug == "model-on-cuda0" else device)  # bug: model-on-cuda0
     if bug == "load-to-cuda0":
         if rank == 0:
             torch.save(model.state_dict(), checkpoint)

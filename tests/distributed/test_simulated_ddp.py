@@ -19,6 +19,7 @@ from torchdoctor.runtime.sim.ranks import worker_command
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
 TORCHDOCTOR = [sys.executable, "-m", "torchdoctor"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def _env() -> dict[str, str]:
@@ -33,7 +34,9 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def simulated(tmp_path: Path, *script_args: str, nproc: int = 2) -> subprocess.CompletedProcess[str]:
+def simulated(
+    tmp_path: Path, *script_args: str, nproc: int = 2
+) -> subprocess.CompletedProcess[str]:
     return _run(
         [
             *TORCHDOCTOR,
@@ -152,10 +155,7 @@ def test_td_simulate_inside_a_script_under_plain_torchrun(tmp_path: Path) -> Non
         "with td.simulate('cuda', devices=2):\n"
         f"    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
     )
-    result = _run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-        + [str(wrapper)]
-    )
+    result = _run([*TORCHRUN, "--standalone", "--nproc-per-node=2", str(wrapper)])
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"[TD703] {SCRIPT}:{marker_line('no-set-device')} (rank 1)" in result.stderr
     assert len(losses(result.stdout)) == 8
@@ -177,10 +177,8 @@ def test_worker_command_runs_the_script_under_torchdoctor() -> None:
         "1",
     ]
     module = worker_command(["--nproc-per-node=2", "-m", "pkg.train", "--lr", "1"], [])
-    assert module[3:] == ["--nproc-per-node=2", "-m", "torchdoctor", "run", "-m", "pkg.train"] + [
-        "--lr",
-        "1",
-    ]
+    tail = ["-m", "torchdoctor", "run", "-m", "pkg.train", "--lr", "1"]
+    assert module[3:] == ["--nproc-per-node=2", *tail]
     with pytest.raises(UsageError):
         worker_command(["--no-python", "train.sh"], [])
 

@@ -83,9 +83,10 @@ class NonFiniteReport:
     inputs: list[Stats] = field(default_factory=list)
     parameters: list[Stats] = field(default_factory=list)
     suggestion: str = ""
+    model_class: str = ""
 
     def render(self) -> str:
-        where = f"`{self.module}`" if self.module else "the model itself"
+        where = f"`{self.module}`" if self.module else f"the model ({self.model_class})"
         lines = [
             f"{CODE} non-finite-value: the first NaN/Inf of step {self.step} came from "
             f"{self.operation} in {where}, {self.phase} pass"
@@ -98,6 +99,8 @@ class NonFiniteReport:
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):  # the common case, without pytree's cost
+        return [tree]
     return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
 
@@ -170,11 +173,11 @@ class _Found(Exception):
         self.report = report
 
 
-class _Origin(TorchFunctionMode):
+class _Origin(TorchFunctionMode):  # type: ignore[no-untyped-call]
     """Remembers which submodule (and which torch function) made each autograd node."""
 
     def __init__(self, stack: list[str]) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.stack = stack
         self.nodes: dict[int, tuple[str, str]] = {}
         self.keep: list[Any] = []
@@ -190,11 +193,11 @@ class _Origin(TorchFunctionMode):
         return out
 
 
-class _Check(TorchDispatchMode):
+class _Check(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Stops at the first operation whose finite inputs give a non-finite output."""
 
     def __init__(self, finder: NonFiniteFinder, stack: list[str], origin: _Origin) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.finder = finder
         self.stack = stack
         self.origin = origin
@@ -231,6 +234,7 @@ class NonFiniteFinder:
         self._forward = model.forward
         self._before = model.__dict__.get("forward")  # a wrapper of the guard, if any
         self._installed = False
+        self._params: list[nn.Parameter] | None = None
 
     # -- install -------------------------------------------------------------
 
@@ -269,12 +273,14 @@ class NonFiniteFinder:
             engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
             engine.queue_callback(lambda: self._check_grads(first, grad, args, kwargs, step))
 
-        first.register_hook(arrived)
+        first.register_hook(arrived)  # type: ignore[no-untyped-call]
 
     def _check_grads(
         self, out: torch.Tensor, grad: torch.Tensor, args: Any, kwargs: Any, step: int
     ) -> None:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self._params is None:
+            self._params = list(self.model.parameters())
+        grads = [p.grad for p in self._params if p.grad is not None]
         if not all_finite(grads):
             self._find_backward(out, grad, args, kwargs, step)
 
@@ -293,6 +299,7 @@ class NonFiniteFinder:
             [Stats.of(f"#{i}", t) for i, t in enumerate(inputs[:4])],
             params[:4],
         )
+        result.model_class = type(self.model).__name__
         result.suggestion = suggest(result)
         return result
 
@@ -301,6 +308,7 @@ class NonFiniteFinder:
             "backward", step, "", "the gradient arriving at the model's output", [], []
         )
         result.inputs = [Stats.of("grad of the output", grad)]
+        result.model_class = type(self.model).__name__
         result.suggestion = (
             "the loss (computed after the model) made it: look for log(0), x/0 or sqrt(0) "
             "in the loss, or use a built-in loss (F.cross_entropy, BCEWithLogitsLoss)"
@@ -353,7 +361,15 @@ class NonFiniteFinder:
                 self._forward(*args, **kwargs)
         except _Found as found:
             raise NonFiniteError(found.report) from None
-        raise NonFiniteError(self.report("forward", "", "the model's output", _floats(args)))
+        inputs = _floats((args, kwargs))
+        if not all_finite(inputs):
+            result = self.report("forward", "", "its input", inputs)
+            result.suggestion = (
+                "the NaN/Inf was made before this call, outside any watched module: look at "
+                "the code that computed the input (log(0), x / 0, sqrt of a negative number)"
+            )
+            raise NonFiniteError(result)
+        raise NonFiniteError(self.report("forward", "", "the model's output", inputs))
 
     def _find_backward(
         self, out: torch.Tensor, grad: torch.Tensor, args: Any, kwargs: Any, step: int

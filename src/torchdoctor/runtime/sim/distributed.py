@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -280,7 +280,7 @@ class DistributedLayer:
         error_type = getattr(torch.distributed, "DistBackendError", RuntimeError)
         return error_type(message)  # type: ignore[no-any-return]
 
-    def _raise(self, error: BaseException, code: str, site: tuple[str, int]) -> None:
+    def _raise(self, error: BaseException, code: str, site: tuple[str, int]) -> NoReturn:
         note = f"torchdoctor [{code}] rank {self.record.rank} at {site[0]}:{site[1]}"
         add_note = getattr(error, "add_note", None)
         if add_note is not None:
@@ -317,7 +317,7 @@ class DistributedLayer:
             output_device = kw.pop("output_device", None)
             if args:
                 output_device, args = args[0], args[1:]
-            real_init(self_, module, None, None, *args, **kw)
+            real_init(self_, module, None, None, *args, **kw)  # type: ignore[no-untyped-call]
             if device_ids:  # DDP moves the inputs onto device_ids[0]: the same, virtually
                 self_._td_input_device = torch.device(layer.session.backend, device_ids[0])
             del output_device
@@ -331,7 +331,7 @@ class DistributedLayer:
                 from torchdoctor.runtime.device import to_device
 
                 inputs, kwargs = to_device((inputs, kwargs), device)
-            return real_forward(self_, *inputs, **kwargs)
+            return real_forward(self_, *inputs, **kwargs)  # type: ignore[no-untyped-call]
 
         self._set(DDP, "forward", forward)
 
