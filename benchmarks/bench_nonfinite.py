@@ -110,9 +110,10 @@ def measure(kind: str, batch: int, rounds: int) -> tuple[float, float, float, fl
         step()  # warm up
     number = max(2, int(0.05 / max(time_calls(steps[0], 2), 1e-6)))
     times: list[list[float]] = [[], [], []]
-    for _ in range(rounds):
-        for side, step in enumerate(steps):
-            times[side].append(time_calls(step, number))
+    for round_ in range(rounds):
+        for offset in range(3):  # each side goes first, second and third in turn
+            side = (round_ + offset) % 3
+            times[side].append(time_calls(steps[side], number))
     guard.remove()
     plain, finder, detect = (statistics.median(t) for t in times)
     return plain, finder, detect, direct_cost(models[0], x)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,7 @@ def main() -> None:
             torch.save(model.state_dict(), checkpoint)
         dist.barrier()
         model.load_state_dict(torch.load(checkpoint))  # bug: load-to-cuda0
-    ddp = DDP(model, device_ids=[local_rank] if gpu else None)  # bug: no-set-device
+    ddp = DDP(model, device_ids=[local_rank] if gpu else None)  # bug: no-set-device, at-ddp
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
 
     for x, y in loader:  # bug: no-sampler
@@ -62,7 +63,9 @@ def main() -> None:
             dist.all_reduce(total)  # bug: cpu-collective
         else:
             dist.all_reduce(total)
-        print(f"rank {rank} loss {total.item() / dist.get_world_size():.6f}", flush=True)
+        # one write per line: the ranks share one stdout pipe
+        sys.stdout.write(f"rank {rank} loss {total.item() / dist.get_world_size():.6f}\n")
+        sys.stdout.flush()
 
     if bug == "every-rank-saves":
         torch.save(ddp.module.state_dict(), checkpoint)  # bug: every-rank-saves

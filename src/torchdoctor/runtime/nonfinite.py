@@ -267,22 +267,22 @@ class NonFiniteFinder:
             return
         step = self.step
 
+        # The hook must not hold `first` itself: a tensor -> hook -> tensor cycle would
+        # keep every step's graph alive until the garbage collector runs.
         def arrived(grad: torch.Tensor) -> None:
             if not all_finite([grad]):
                 raise NonFiniteError(self._from_loss(grad, step))
             engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
-            engine.queue_callback(lambda: self._check_grads(first, grad, args, kwargs, step))
+            engine.queue_callback(lambda: self._check_grads(grad, args, kwargs, step))
 
         first.register_hook(arrived)  # type: ignore[no-untyped-call]
 
-    def _check_grads(
-        self, out: torch.Tensor, grad: torch.Tensor, args: Any, kwargs: Any, step: int
-    ) -> None:
+    def _check_grads(self, grad: torch.Tensor, args: Any, kwargs: Any, step: int) -> None:
         if self._params is None:
             self._params = list(self.model.parameters())
         grads = [p.grad for p in self._params if p.grad is not None]
         if not all_finite(grads):
-            self._find_backward(out, grad, args, kwargs, step)
+            self._find_backward(grad, args, kwargs, step)
 
     # -- reports -------------------------------------------------------------
 
@@ -371,9 +371,7 @@ class NonFiniteFinder:
             raise NonFiniteError(result)
         raise NonFiniteError(self.report("forward", "", "the model's output", inputs))
 
-    def _find_backward(
-        self, out: torch.Tensor, grad: torch.Tensor, args: Any, kwargs: Any, step: int
-    ) -> None:
+    def _find_backward(self, grad: torch.Tensor, args: Any, kwargs: Any, step: int) -> None:
         params = [p for p in self.model.parameters() if p.requires_grad]
         try:
             with self._replay() as (_, _, check), torch.enable_grad():
