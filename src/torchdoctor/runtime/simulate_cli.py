@@ -56,7 +56,9 @@ def parse_simulate(text: str) -> str:
     """`cuda`, `mps` or `cuda:N` (N GPUs, the same as --devices N)."""
     backend, _, count = text.partition(":")
     if backend not in BACKENDS or (count and (not count.isdigit() or int(count) < 1)):
-        raise argparse.ArgumentTypeError(f"expected cuda, cuda:N or mps, not {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from cuda, cuda:N with N >= 1, mps)"
+        )
     return text
 
 
