@@ -20,7 +20,8 @@ Each script writes its own section of the README (between `<!-- begin: NAME -->`
 recorded by this runner. Everything else in the README - the hand-judged precision
 sections of the rule authors in particular - is kept verbatim. A step that fails is
 reported in the header and the run goes on. Steps (for --only/--skip), in order:
-to_device, guard, simulate, check, scaling, memory, device_rules, training_rules, rules, explain.
+to_device, guard, nonfinite, simulate, check, scaling, memory, device_rules, training_rules,
+rules, explain.
 """
 
 from __future__ import annotations
@@ -562,6 +563,7 @@ def training_rules_section(result: StepResult) -> str:
 STEPS = (
     "to_device",
     "guard",
+    "nonfinite",
     "simulate",
     "check",
     "scaling",
@@ -586,6 +588,9 @@ def commands(args: argparse.Namespace, check_writes: bool) -> dict[str, list[str
             peer, f"{here}/bench_to_device.py", "--write", "--repeat", "3" if quick else "11"
         ],
         "guard": [PYTHON, f"{here}/bench_guard.py", "--write", "--repeats", "3" if quick else "15"],
+        "nonfinite": [
+            PYTHON, f"{here}/bench_nonfinite.py", "--write", "--repeats", "3" if quick else "15"
+        ],
         "simulate": [
             PYTHON, f"{here}/bench_simulate.py", "--write", "--rounds", "2" if quick else "5"
         ],

@@ -300,6 +300,8 @@ README_GUIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "guides/guard-and-run.md": ("The guard and torchdoctor run", ("Guard", "torchdoctor run")),
     "guides/explain.md": ("Explain errors", ("Explain errors",)),
     "guides/virtual-accelerator.md": ("Virtual accelerator", ("Virtual accelerator",)),
+    "guides/multi-gpu.md": ("Multi-GPU simulation", ("Multi-GPU simulation (torchrun)",)),
+    "guides/nonfinite.md": ("NaN/Inf origin finder", ("NaN/Inf origin finder",)),
     "guides/pre-commit-and-flake8.md": ("pre-commit and flake8", ("pre-commit and flake8",)),
     "guides/editors.md": ("Editors", ("Editors",)),
 }

@@ -11,6 +11,7 @@ import functools
 import inspect
 from dataclasses import dataclass
 
+from torchdoctor.catalog_multigpu import ENTRIES
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import FixAvailability, Severity
 
@@ -218,6 +219,13 @@ RUNTIME_RULES: tuple[RuleInfo, ...] = (
         ```
         """,
     ),
+)
+
+
+# Multi-GPU (simulated torchrun) and non-finite-value codes: their docs live in catalog_multigpu.
+RUNTIME_RULES += tuple(
+    _info(code, name, category, Severity(severity), "runtime", doc)
+    for code, name, category, severity, doc in ENTRIES
 )
 
 

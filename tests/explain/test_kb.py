@@ -26,6 +26,7 @@ KNOWN_CODES = {
     "TD501",
     "TD502",
     *(f"TD{n}" for n in range(601, 607)),
+    "TD217",  # non-finite-value (runtime/nonfinite.py)
 }
 
 ENTRIES = kb.entries()

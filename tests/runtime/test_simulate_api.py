@@ -148,8 +148,18 @@ def test_torch_compile_runs_under_the_simulation(sim: Simulation) -> None:
 def test_unsupported_features_say_so(sim: Simulation) -> None:
     with pytest.raises(SimulationUnsupportedError, match="CUDA graphs"):
         torch.cuda.CUDAGraph()
-    with pytest.raises(SimulationUnsupportedError, match="NCCL"):
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    # NCCL is simulated on gloo (runtime/sim/distributed.py): the script's code runs
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("nccl", store=store, rank=0, world_size=1)
+    try:
+        assert torch.distributed.get_backend() == "gloo"
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+            torch.distributed.all_reduce(torch.ones(1))  # a CPU tensor under nccl
+        flag = torch.ones(1, device="cuda")
+        torch.distributed.all_reduce(flag)
+        assert flag.device == torch.device("cuda", 0) and flag.item() == 1.0
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def test_mps_simulation() -> None:

@@ -263,6 +263,7 @@ class Guard:
         checks: bool = True,
         steps: int = DEFAULT_STEPS,
         warn: bool = True,
+        nonfinite: bool = False,
     ) -> None:
         if model is not None and not isinstance(model, nn.Module):
             raise UsageError(f"td.guard() takes an nn.Module, not {type(model).__name__}")
@@ -290,6 +291,11 @@ class Guard:
         if checks and steps > 0:
             self._checking = True
             _CHECKS.add(self)
+        self._nonfinite: Any = None  # the NaN/Inf origin finder (runtime/nonfinite.py)
+        if nonfinite:
+            from torchdoctor.runtime.nonfinite import NonFiniteFinder, WatchAll
+
+            self._nonfinite = NonFiniteFinder(model).install() if model else WatchAll()
 
     # attribution
     def _wrap_forward(self, model: nn.Module) -> None:
@@ -424,6 +430,9 @@ class Guard:
     def remove(self) -> None:
         """Stop guarding: restore the model's forward and drop the checks."""
         self._stop()
+        if self._nonfinite is not None:
+            self._nonfinite.remove()
+            self._nonfinite = None
         if self.model is not None:
             self._unwrap_forward(self.model)
 
@@ -449,6 +458,7 @@ def guard(
     checks: bool = True,
     steps: int = DEFAULT_STEPS,
     warn: bool = True,
+    nonfinite: bool = False,
 ) -> Guard:
     """Guard `model` (or, with no model, every module and optimizer: `torchdoctor run`).
 
@@ -456,9 +466,11 @@ def guard(
     Failures are attributed (TD120 names the submodule, parameter and input);
     the optional checks (TD210/TD211/TD212/TD206) run for the first `steps` steps
     and then remove themselves. Findings are warned (GuardWarning) and kept in
-    `.findings`.
+    `.findings`. With `nonfinite=True` the first NaN/Inf in forward or backward stops
+    the run with a NonFiniteError (TD217) naming the module, the operation, the step
+    and the statistics of its inputs and parameters.
     """
-    return Guard(model, checks=checks, steps=steps, warn=warn)
+    return Guard(model, checks=checks, steps=steps, warn=warn, nonfinite=nonfinite)
 
 
 def active_guards() -> list[Guard]:

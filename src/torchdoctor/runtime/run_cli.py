@@ -9,6 +9,7 @@ Importing this module does not import torch.
 from __future__ import annotations
 
 import argparse
+import os
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -55,12 +56,26 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="keep the guard's checks on for the first N steps (default 100)",
     )
+    parser.add_argument(
+        "--detect-nonfinite",
+        action="store_true",
+        help="stop at the first NaN/Inf in any model's forward or backward and name the "
+        "module, operation and step where it came from (TD217)",
+    )
     simulate_cli.add_options(parser)
 
 
 def build_contexts(args: argparse.Namespace) -> list[AbstractContextManager[Any]]:
     """Context managers to enter around the program, from the options above."""
-    return [*simulate_cli.contexts(args)]
+    contexts = [*simulate_cli.contexts(args)]
+    if getattr(args, "detect_nonfinite", False):
+        from torchdoctor._torch import require_torch
+
+        require_torch("torchdoctor run --detect-nonfinite")
+        from torchdoctor.runtime.nonfinite import watching
+
+        contexts.append(watching())
+    return contexts
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     program = list(args.program)
     if program and program[0] == "--":
         program = program[1:]
+    if args.simulate and _is_torchrun(program, args.module):
+        return _launch(args, program)
     options: dict[str, Any] = {
         "contexts": build_contexts(args),
         "guard": not args.no_guard,
@@ -84,3 +101,34 @@ def run(args: argparse.Namespace) -> int:
     if not program:
         raise UsageError("nothing to run", fix="torchdoctor run script.py [args ...]")
     return simulate_cli.exit_code(args, run_script(program[0], program[1:], **options))
+
+
+def _launch(args: argparse.Namespace, program: list[str]) -> int:
+    """`--simulate cuda:N -- torchrun ...`: every worker runs under `torchdoctor run`."""
+    backend, devices = simulate_cli.split_simulate(args)
+    options = ["--simulate", f"{backend}:{devices or 1}"]
+    for flag, on in (
+        ("--no-guard", args.no_guard),
+        ("--keep-going", args.keep_going),
+        ("--strict-load", args.strict_load),
+        ("--cpu-autocast", args.cpu_autocast),
+        ("--detect-nonfinite", args.detect_nonfinite),
+    ):
+        if on:
+            options.append(flag)
+    if args.guard_steps is not None:
+        options += ["--guard-steps", str(args.guard_steps)]
+    torchrun_args = program if args.module else program[1:]
+    from torchdoctor._torch import require_torch
+
+    require_torch("torchdoctor run --simulate")
+    from torchdoctor.runtime.sim import ranks
+
+    return ranks.launch(torchrun_args, options)
+
+
+def _is_torchrun(program: list[str], module: str | None) -> bool:
+    """`torchrun ...` or `-m torch.distributed.run ...` (kept in step with sim/ranks.py)."""
+    if module == "torch.distributed.run":
+        return True
+    return bool(program) and os.path.basename(program[0]) == "torchrun"

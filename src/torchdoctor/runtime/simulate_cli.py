@@ -19,10 +19,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("virtual accelerator")
     group.add_argument(
         "--simulate",
-        choices=BACKENDS,
+        type=parse_simulate,
         default=None,
-        metavar="{cuda,mps}",
-        help="run on a virtual GPU: every device bug fails as on a real one, with a diagnosis",
+        metavar="{cuda,cuda:N,mps}",
+        help="run on a virtual GPU (cuda:N: a machine with N GPUs, e.g. for torchrun): every "
+        "device bug fails as on a real one, with a diagnosis",
     )
     group.add_argument(
         "--devices",
@@ -51,10 +52,33 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_simulate(text: str) -> str:
+    """`cuda`, `mps` or `cuda:N` (N GPUs, the same as --devices N)."""
+    backend, _, count = text.partition(":")
+    if backend not in BACKENDS or (count and (not count.isdigit() or int(count) < 1)):
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from cuda, cuda:N with N >= 1, mps)"
+        )
+    return text
+
+
+def split_simulate(args: argparse.Namespace) -> tuple[str | None, int | None]:
+    """The backend and device count from --simulate cuda:N and --devices N."""
+    value = getattr(args, "simulate", None)
+    devices = getattr(args, "devices", None)
+    if value is None:
+        return None, devices
+    backend, _, count = value.partition(":")
+    if count:
+        if devices is not None and devices != int(count):
+            raise UsageError(f"--simulate {value} and --devices {devices} disagree")
+        devices = int(count)
+    return backend, devices
+
+
 def contexts(args: argparse.Namespace) -> list[AbstractContextManager[Any]]:
     """The simulation to enter around the program, if --simulate was given."""
-    backend = getattr(args, "simulate", None)
-    devices = getattr(args, "devices", None)
+    backend, devices = split_simulate(args)
     if backend is None:
         for flag, value in (
             ("--devices", devices is not None),

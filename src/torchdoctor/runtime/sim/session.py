@@ -20,8 +20,10 @@ from torch.utils._python_dispatch import _pop_mode, _push_mode
 from torchdoctor.errors import SimulationUnsupportedError, UsageError
 from torchdoctor.runtime.diagnosis import Diagnosis, diagnose_violation
 from torchdoctor.runtime.sim.devices import WILD, VirtualDevices, set_tag
+from torchdoctor.runtime.sim.distributed import DistributedLayer
 from torchdoctor.runtime.sim.mode import SimulatedError, VirtualDeviceMode
 from torchdoctor.runtime.sim.patches import Patches
+from torchdoctor.runtime.sim.ranks import write_record
 from torchdoctor.runtime.sim.rules import CPU_BY_DESIGN, Violation
 
 BACKENDS = ("cuda", "mps")
@@ -233,6 +235,7 @@ class Simulation:
         self.devices = VirtualDevices(backend, devices)
         self.records: dict[tuple[Any, ...], list[Any]] = {}  # key -> [Diagnosis, count]
         self._patches: Patches | None = None
+        self.distributed: DistributedLayer | None = None
         self._mode: VirtualDeviceMode | None = None
         self._thread: int | None = None
         self.lenient = 0  # > 0 inside composites that allocate unseen CPU tensors
@@ -262,10 +265,15 @@ class Simulation:
 
             self._patches = Patches(self)
             self._patches.install()
+            self.distributed = DistributedLayer(self)  # multi-GPU: sim/distributed.py
+            self.distributed.install()
             self._mode = VirtualDeviceMode(self)
             _push_mode(self._mode)
             self._thread = threading.get_ident()
         except BaseException:
+            if self.distributed is not None:
+                self.distributed.uninstall()
+                self.distributed = None
             if self._patches is not None:
                 self._patches.uninstall()
             _active = None
@@ -281,6 +289,10 @@ class Simulation:
             if self._mode is not None and self._thread == threading.get_ident():
                 _pop_mode()
         finally:
+            if self.distributed is not None:
+                self.distributed.uninstall()
+                write_record(self.distributed.record.to_json())
+                self.distributed = None
             if self._patches is not None:
                 self._patches.uninstall()
             self._mode = None
