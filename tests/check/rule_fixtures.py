@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.engine import RunOptions, check_text
-from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rules_by_code
 from torchdoctor.check.rule import FixAvailability
 
@@ -47,7 +47,7 @@ def run_rule(
     rule = rules_by_code()[code]
     files = case_files(case)
     sources = {f: f.read_text(encoding="utf-8") for f in files}
-    project = ProjectIndex.build(sources.values())
+    project = build_project(sources.values())
     options = RunOptions(
         enabled=frozenset({code}),
         fix=fix,

@@ -8,12 +8,10 @@ import functools
 import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from torchdoctor.check.rule import Edit, Finding, Fix, FixAvailability
-
-if TYPE_CHECKING:
-    from torchdoctor.check.project import ProjectIndex
+from torchdoctor.check.findings import Edit, Finding, Fix, FixAvailability
+from torchdoctor.check.project import ProjectIndex
 
 _T = TypeVar("_T")
 
@@ -352,7 +350,17 @@ class FileContext:
 
     def is_module_class(self, cls: ast.ClassDef) -> bool:
         """Whether `cls` subclasses torch.nn.Module (through this file or the project)."""
-        return self.project.is_module_class(cls, self)
+        if cls.name in self.project.module_classes:
+            return True
+        for base in cls.bases:
+            qual = self.qualname(base)
+            if qual is None:
+                continue
+            if qual.startswith("torch.nn.") and qual.rsplit(".", 1)[-1][:1].isupper():
+                return True
+            if self.project.is_module_class_name(qual):
+                return True
+        return False
 
     # -- positions ----------------------------------------------------------
     @property

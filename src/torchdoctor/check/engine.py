@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import ast
-import io
 import re
 import sys
-import tokenize
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings
 from torchdoctor.check.context import (
     OPERATOR_TYPES,
@@ -24,6 +23,7 @@ from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
+from torchdoctor.check.source_text import decode_source
 
 if TYPE_CHECKING:
     from torchdoctor.check.notebook import Notebook
@@ -86,13 +86,6 @@ class FileResult:
 
 
 # -- reading ------------------------------------------------------------------------
-def decode_source(data: bytes) -> str:
-    """Decode Python source like the interpreter does (BOM, coding cookie, UTF-8)."""
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-    text = data.decode(encoding)
-    return text.removeprefix("\ufeff")
-
-
 def syntax_error_finding(message: str, line: int = 1, column: int = 1) -> Finding:
     return Finding(
         code="TD001",
@@ -143,7 +136,7 @@ def check_source(
         # the parser's stack overflow is a MemoryError with no message
         reason = str(exc) or f"{type(exc).__name__} (nested too deeply for the parser?)"
         return [syntax_error_finding(f"cannot parse: {reason}; the file was not checked")]
-    project = project if project is not None else ProjectIndex.build([source])
+    project = project if project is not None else build_project([source])
     ctx = FileContext(path, source, tree, project, target_version=target_version)
     # a trigger that several rules share (`backward`, `forward`) is looked for once
     present: dict[str, bool] = {}

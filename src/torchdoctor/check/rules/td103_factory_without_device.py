@@ -3,8 +3,10 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check import flow
-from torchdoctor.check.flow import AnyFunction, Mismatch, ScopeFlow
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.torch_api import FACTORIES
+from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch
 from torchdoctor.check.rule import Rule, Severity
 
 _LIKE_FORM = {
@@ -63,7 +65,7 @@ class FactoryWithoutDevice(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         for func in ff.functions():
             cls = ff.class_of(func)
             if cls is None or not ff.is_module_class(cls):
@@ -73,7 +75,7 @@ class FactoryWithoutDevice(Rule):
                 continue
             if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
                 continue
-            if not ff.mentions(func, "torch.", *flow.FACTORIES):
+            if not ff.mentions(func, "torch.", *FACTORIES):
                 makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
                     f"self.{m.name}("
                     for m in ff.methods(cls).values()
@@ -100,13 +102,13 @@ class FactoryWithoutDevice(Rule):
                 continue
             qual = self.ctx.call_name(source) or ""
             factory = qual.rsplit(".", 1)[-1]
-            if not qual.startswith("torch.") or factory not in flow.FACTORIES:
+            if not qual.startswith("torch.") or factory not in FACTORIES:
                 continue
             reported.add(source)
             self.report(source, self._message(func, forward, m, qual, factory))
 
     def _helpers(self, func: AnyFunction) -> list[AnyFunction]:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         cls = ff.class_of(func)
         if cls is None:
             return []
@@ -116,7 +118,7 @@ class FactoryWithoutDevice(Rule):
         self, func: AnyFunction, forward: AnyFunction, m: Mismatch, qual: str, factory: str
     ) -> str:
         device = m.other.device if m.other.device.endswith(".device") else ""
-        if isinstance(m.other_node, ast.Name) and m.other.kind is not flow.Kind.MODULE:
+        if isinstance(m.other_node, ast.Name) and m.other.kind is not Kind.MODULE:
             device = f"{m.other_node.id}.device"  # the tensor it meets
         if not device:
             first = _first_input(forward if func is not forward else func)

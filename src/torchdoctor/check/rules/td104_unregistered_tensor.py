@@ -4,9 +4,11 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check import flow
+from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.values import AnyFunction, Kind, Place, Value
 from torchdoctor.check.context import walk
-from torchdoctor.check.flow import AnyFunction, FileFlow, Kind, Place, ScopeFlow, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 
@@ -64,7 +66,7 @@ class UnregisteredTensor(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         for func in ff.functions():
             if func.name != "__init__" or not ff.mentions(func, "torch", "tensor"):
                 continue
@@ -158,7 +160,7 @@ def _first_use(
         scope = ff.scope(method, callers=False)
         me = scope.self_name
         for m in sorted(scope.mismatches, key=lambda m: m.site.lineno):  # type: ignore[attr-defined]
-            held = flow.dotted(_root(m.cpu_node)) or ""
+            held = dotted(_root(m.cpu_node)) or ""
             if held == f"{me}.{attr}" or (
                 value.source is not None and m.cpu.source is value.source
             ):

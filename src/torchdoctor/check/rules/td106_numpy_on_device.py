@@ -3,8 +3,9 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check import flow
-from torchdoctor.check.flow import Kind, Place, ScopeFlow, Value
+from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.values import Kind, Place, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 # A file that turns gradients off globally: outputs there do not require grad.
@@ -58,9 +59,9 @@ class NumpyOnDevice(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         grad_off = any(t in self.ctx.source for t in _GRAD_OFF)
-        for node in flow.scopes_with(ff, ".numpy("):
+        for node in scopes_with(ff, ".numpy("):
             scope = ff.scope(node)
             for call in scope.method_calls("numpy"):
                 self._check(scope, call, grad_off)

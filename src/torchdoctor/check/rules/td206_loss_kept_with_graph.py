@@ -4,9 +4,14 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check import flow
+from torchdoctor.check.analysis.events import BACKWARD, Event
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.names import is_torch_file
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.context import walk
-from torchdoctor.check.loops import BACKWARD, Event, FunctionInfo, analysis, dotted, is_torch_file
 from torchdoctor.check.rule import Fix, FixAvailability, Rule, Severity
 
 # Calls that give a plain number or a graph-free tensor.
@@ -112,8 +117,8 @@ class LossKeptWithGraph(Rule):
         if isinstance(value, ast.Name):
             if value.id in graph:
                 return value.id
-            held = flow.file_flow(self.ctx).scope(_scope_node(fi)).value(value)
-            if held.kind is flow.Kind.TENSOR and held.grad:
+            held = file_flow(self.ctx).scope(_scope_node(fi)).value(value)
+            if held.kind is Kind.TENSOR and held.grad:
                 return value.id
             return None
         if isinstance(value, ast.BinOp) and isinstance(

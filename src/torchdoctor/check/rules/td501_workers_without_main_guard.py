@@ -4,8 +4,10 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import walk
-from torchdoctor.check.loops import FileLoops, FunctionInfo, analysis, dotted
 from torchdoctor.check.rule import Rule, Severity
 
 _DATALOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
