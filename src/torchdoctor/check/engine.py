@@ -20,6 +20,7 @@ from torchdoctor.check.context import (
     spans_a_line,
 )
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
+from torchdoctor.check.lines import NEWLINE, as_lf, split_lines
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
@@ -46,7 +47,6 @@ _FILE_NOQA = re.compile(
     re.I | re.M,
 )
 _CODE = re.compile(r"[A-Z]+[0-9]+", re.I)
-_NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass
@@ -116,7 +116,7 @@ def check_source(
     `tree` may be passed when the caller already parsed `source` (the flake8 plugin).
     """
     # (the regex is slow on long files: first a test any spelling of "noqa" passes)
-    if any(qa in source for qa in ("qa", "qA", "Qa", "QA")) and _FILE_NOQA.search(source):
+    if any(qa in source for qa in ("qa", "qA", "Qa", "QA")) and _FILE_NOQA.search(as_lf(source)):
         file_noqa = _file_noqa_codes(source)
         if file_noqa is None:
             return []
@@ -275,7 +275,7 @@ def _needle_lines(ctx: FileContext, active: list[Rule]) -> list[int] | None:
 def _file_noqa_codes(source: str) -> frozenset[str] | None:
     """None: the whole file is suppressed; else the codes suppressed file-wide."""
     codes: set[str] = set()
-    for match in _FILE_NOQA.finditer(source):
+    for match in _FILE_NOQA.finditer(as_lf(source)):
         if not match.group("codes"):
             return None
         codes.update(c.upper() for c in _CODE.findall(match.group("codes")))
@@ -287,7 +287,7 @@ def noqa_map(source: str) -> dict[int, frozenset[str] | None]:
     result: dict[int, frozenset[str] | None] = {}
     if "noqa" not in source.lower():
         return result
-    for lineno, line in enumerate(source.splitlines(), start=1):
+    for lineno, line in enumerate(split_lines(source), start=1):
         if "#" not in line:
             continue
         match = _NOQA.search(line)
@@ -382,7 +382,7 @@ def check_text(
 
 def first_newline(source: str) -> str:
     """The file's line ending, judged by its first line (as ruff does); `\n` if none."""
-    match = _NEWLINE.search(source)
+    match = NEWLINE.search(source)
     return match.group() if match else "\n"
 
 

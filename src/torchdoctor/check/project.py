@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.values import Value
+from torchdoctor.check.lines import as_lf
 
 # `class Name(bases...)`: bases may span lines; nested brackets are rare in bases.
 CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^()]*)\)", re.MULTILINE)
@@ -44,7 +45,7 @@ def scan_classes(source: str) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     if "class" not in source:
         return found
-    for match in CLASS_HEADER.finditer(source):
+    for match in CLASS_HEADER.finditer(as_lf(source)):
         bases = []
         for part in match.group(2).split(","):
             part = part.strip()

@@ -219,7 +219,7 @@ class FileFlow(FileIndex):
                 if pattern is None:
                     pattern = re.compile(
                         rf"\b{re.escape(me)}\.(\w+)\s*(?:\[[^\]\n]*\]\s*)?"
-                        r"(?:,[^\n=()\[\]]*=(?!=)|=(?!=)|[-+*/%@&|^]=|//=|\*\*=|>>=|<<=)"
+                        r"(?:,[^\r\n=()\[\]]*=(?!=)|=(?!=)|[-+*/%@&|^]=|//=|\*\*=|>>=|<<=)"
                     )
                     _ASSIGNED_ATTR[me] = pattern
                 names.update(pattern.findall(text))

@@ -21,6 +21,7 @@ from torchdoctor.check.context import (
     child_statements,
     walk,
 )
+from torchdoctor.check.lines import line_end, line_start
 from torchdoctor.check.project import KNOWN_MODULE_BASES
 
 if TYPE_CHECKING:
@@ -253,9 +254,8 @@ class FileIndex:
             if not (before.isalnum() or before in "_.\"'") and not (
                 after.isalnum() or after == "_"
             ):
-                rest = source[end : source.find("\n", end) + 1 or len(source)].lstrip(" \t")
-                line_start = source.rfind("\n", 0, start) + 1
-                head = source[line_start:start]
+                rest = source[end : line_end(source, end) + 1].lstrip(" \t")
+                head = source[line_start(source, start) : start]
                 if rest.startswith("(") and not head.rstrip().endswith("@"):
                     uses.append((self.ctx.line_of_offset(start), True))
                 elif (not rest or rest[0] in ",)]}\n" or head.rstrip().endswith("@")) and not (

@@ -22,6 +22,7 @@ from torchdoctor.check.context import (
     FileContext,
     walk,
 )
+from torchdoctor.check.lines import as_lf
 from torchdoctor.check.source_text import decode_source
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class FileLoops(LoopIndex):
         assignment = re.compile(r"(?m)^[ \t]*" + re.escape(key) + r"[ \t]*=(?!=)[ \t]*(.*)$")
         classes = set()
         plain_layers = False
-        for m in assignment.finditer(self.ctx.source):
+        for m in assignment.finditer(as_lf(self.ctx.source)):
             call = re.match(r"([\w.]+)\(", m.group(1))
             if call is None:
                 return None  # assigned from something we cannot follow

@@ -22,10 +22,11 @@ from collections.abc import Iterable
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value
 from torchdoctor.check.context import FileContext
+from torchdoctor.check.lines import as_lf
 from torchdoctor.check.project import CLASS_HEADER, CallFact, ProjectIndex, scan_classes
 
 # A call that hands a loader to a function: `evaluate(model, val_loader)`.
-_LOADER_ARGUMENT = re.compile(r"\w\s*\([^()\n]*(?:loader|Loader|_dl\b)")
+_LOADER_ARGUMENT = re.compile(r"\w\s*\([^()\r\n]*(?:loader|Loader|_dl\b)")
 _MOVES = (".to(", ".cuda(")
 
 
@@ -54,6 +55,7 @@ def moving_classes(source: str) -> set[str]:
     found: set[str] = set()
     if not any(w in source for w in _DEVICE_WORDS) or "class" not in source:
         return found
+    source = as_lf(source)
     for match in CLASS_HEADER.finditer(source):
         indent = len(match.group(0)) - len(match.group(0).lstrip(" \t"))
         body_end = _body_end(indent).search(source, match.end())

@@ -15,6 +15,7 @@ from torchdoctor.check.context import (
     offsets,
     walk,
 )
+from torchdoctor.check.lines import line_start
 
 if TYPE_CHECKING:
     pass
@@ -56,7 +57,7 @@ _ASSIGNED_ATTR: dict[str, re.Pattern[str]] = {}
 # A function that may return a tensor it makes: a factory call and a return.
 _RETURNS_FACTORY = re.compile(
     r"\btorch\.(?:zeros|ones|empty|full|rand|randn|randint|arange|tensor|eye|linspace)\("
-    r"[\s\S]*\breturn\b|\breturn\b[^\n]*\btorch\.(?:zeros|ones|empty|full|rand|randn)\("
+    r"[\s\S]*\breturn\b|\breturn\b[^\r\n]*\btorch\.(?:zeros|ones|empty|full|rand|randn)\("
 )
 
 
@@ -188,5 +189,5 @@ def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern
     lies on one line and holds a needle, without trying the pattern at every position.
     """
     source = ctx.source
-    starts = {source.rfind("\n", 0, at) + 1 for needle in needles for at in offsets(source, needle)}
+    starts = {line_start(source, at) for needle in needles for at in offsets(source, needle)}
     return [ctx.line_of_offset(s) for s in sorted(starts) if pattern.match(source, s)]

@@ -22,10 +22,10 @@ _STAYS_ON_CPU = re.compile(
 # (Line patterns, tried only on the lines holding their words: see lines_matching.)
 _LOADER_WORDS = ("loader", "Loader", "_dl", "batches")
 _FOR_IN_LOADER = re.compile(
-    r"[ \t]*(?:async[ \t]+)?for[ \t](?>[^\n]*?\bin\b)[^\n]*?(?:loader|Loader|_dl\b|batches)"
+    r"[ \t]*(?:async[ \t]+)?for[ \t](?>[^\r\n]*?\bin\b)[^\r\n]*?(?:loader|Loader|_dl\b|batches)"
 )
 _NEXT_ITER = re.compile(r"next\(\s*iter\(")
-_FOR_IN_BATCHES = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\n]*batch")
+_FOR_IN_BATCHES = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\r\n]*batch")
 _MOVES = (".to(", ".cuda(")
 
 

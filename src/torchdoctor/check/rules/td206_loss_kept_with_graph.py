@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.context import walk
+from torchdoctor.check.lines import line_end
 from torchdoctor.check.rule import Fix, FixAvailability, Rule, Severity
 
 # Calls that give a plain number or a graph-free tensor.
@@ -209,9 +210,9 @@ def _summands(node: ast.expr) -> set[str]:
 def _may_accumulate_a_loss(text: str) -> bool:
     """A cheap text test: a backward call (not just a `def backward(` line), a loop, and
     an accumulation (`+=`, `a = a + v`, `.append(`) may all be in this function."""
-    body = text.find("\n")
+    body = line_end(text, 0)
     return (
-        body >= 0
+        body < len(text)
         and text.find("backward(", body) >= 0
         and ("for " in text or "while " in text)
         and ("+" in text or "append(" in text)
