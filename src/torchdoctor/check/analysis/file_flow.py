@@ -20,6 +20,7 @@ from torchdoctor.check.analysis.values import (
     CallSite,
     Env,
     Kind,
+    Mismatch,
     Place,
     ScopeNode,
     Value,
@@ -45,10 +46,14 @@ class FileFlow(FileIndex):
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
         self._scopes: dict[tuple[ast.AST, bool], ScopeFlow] = {}
+        self._call_mismatches: dict[object, list[Mismatch] | None] = {}
+        self._call_budget = self.CALL_BUDGET
+        self._calls_in_progress: set[ast.AST] = set()
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
         self._scopes.clear()
+        self._call_mismatches.clear()
         super().release()
 
     # -- scopes ------------------------------------------------------------------------
@@ -75,6 +80,37 @@ class FileFlow(FileIndex):
         finally:
             self._in_progress.discard(node)
         self._scopes[key] = found
+        return found
+
+    MAX_CALL_DEPTH = 2  # calls followed with their arguments, one inside another
+    CALL_BUDGET = 64  # such analyses per file: a huge file stays fast
+
+    def call_mismatches(
+        self, func: AnyFunction, arguments: Env, depth: int
+    ) -> list[Mismatch] | None:
+        """Where devices meet inside `func` when its parameters hold `arguments`
+        (None: not analysed: too deep, recursive, or over the file's budget).
+
+        Context-sensitive on purpose: the caller's CPU tensor and device tensor meet
+        only in this call, so the callee's own scope (seeded from the join of all its
+        call sites) cannot see it.
+        """
+        if depth >= self.MAX_CALL_DEPTH or func in self._calls_in_progress:
+            return None
+        key = (func, tuple(sorted(arguments.items(), key=lambda kv: kv[0])))
+        if key in self._call_mismatches:
+            return self._call_mismatches[key]
+        if self._call_budget <= 0:
+            return None
+        self._call_budget -= 1
+        self._calls_in_progress.add(func)
+        try:
+            seeds = self._seeds(func, depth + 1, callers=False, call_sites=False)
+            seeds.update(arguments)
+            found = ScopeFlow(self, func, seeds=seeds, depth=depth + 1).mismatches
+        finally:
+            self._calls_in_progress.discard(func)
+        self._call_mismatches[key] = found
         return found
 
     def returned_tensor(self, func: AnyFunction) -> Value:
@@ -116,7 +152,7 @@ class FileFlow(FileIndex):
         return self.module_scope().exit_env
 
     # -- seeds ---------------------------------------------------------------------------
-    def _seeds(self, func: ScopeNode, depth: int, callers: bool) -> Env:
+    def _seeds(self, func: ScopeNode, depth: int, callers: bool, *, call_sites: bool = True) -> Env:
         """Initial values of a function's parameters and of `self.x` attributes."""
         if isinstance(func, ast.Module):
             return {}
@@ -137,7 +173,7 @@ class FileFlow(FileIndex):
         # seeds from call sites in this file (and other files, through the project index);
         # calls between methods of one class are cheap to find and always followed
         call_seeds: Env = {}
-        if callers or (cls is not None and func.name != "__init__"):
+        if call_sites and (callers or (cls is not None and func.name != "__init__")):
             call_seeds = self._call_site_seeds(func, params, cls, depth)
         seeds.update(call_seeds)
         if cls is not None and self_name is not None:

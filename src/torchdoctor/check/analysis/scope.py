@@ -43,8 +43,8 @@ class ScopeFlow(ScopeCalls):
     - `returned`: the join of the returned values.
     """
 
-    def __init__(self, ff: FileFacts, node: ScopeNode, *, seeds: Env) -> None:
-        super().__init__(ff, node, seeds=seeds)
+    def __init__(self, ff: FileFacts, node: ScopeNode, *, seeds: Env, depth: int = 0) -> None:
+        super().__init__(ff, node, seeds=seeds, depth=depth)
         self._run()
 
     # -- driver ----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.scope_moves import ScopeMoves
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import _is_static, dotted
 from torchdoctor.check.analysis.torch_api import _MODULE_SELF_METHODS, _trainable
 from torchdoctor.check.analysis.values import (
     _TENSOR_KINDS,
@@ -16,6 +16,7 @@ from torchdoctor.check.analysis.values import (
     AnyFunction,
     CallSite,
     Kind,
+    Mismatch,
     Place,
     Value,
     _container_add,
@@ -168,8 +169,68 @@ class ScopeCalls(ScopeMoves):
             return self._module_call(node, callee, args, keywords)
         target = self._same_file_callee(func, recv)
         if target is not None:
+            self._meet_in_callee(node, target, args, keywords)
             return self.ff.returned_tensor(target)
         return UNKNOWN
+
+    def _meet_in_callee(
+        self,
+        node: ast.Call,
+        target: AnyFunction,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+    ) -> None:
+        """A CPU tensor and a device tensor passed to one call of this file's function,
+        which combines them: a mismatch at the call, named after the callee's line."""
+        if not self._recording or any(isinstance(a, ast.Starred) for a in node.args):
+            return
+        params = [*target.args.posonlyargs, *target.args.args]
+        if params and self.ff.class_of(target) is not None and not _is_static(target):
+            if isinstance(node.func, ast.Name):
+                return  # a method called by its bare name: not this function
+            params = params[1:]
+        by_name = {a.arg: a for a in [*params, *target.args.kwonlyargs]}
+        passed: list[tuple[str, ast.expr, Value]] = []
+        for param, arg_node, value in zip(params, node.args, args, strict=False):
+            passed.append((param.arg, arg_node, value))
+        for kw, (name, value) in zip(node.keywords, keywords, strict=True):
+            if name is not None and name in by_name:
+                passed.append((name, kw.value, value))
+        cpu = [
+            (p, n, v)
+            for p, n, v in passed
+            if v.place is Place.CPU and not v.scalar and v.kind in _TENSOR_KINDS
+        ]
+        device = [
+            (p, n, v)
+            for p, n, v in passed
+            if v.place is Place.DEVICE and v.kind in _TENSOR_KINDS and not v.maybe
+        ]
+        if not cpu or not device:
+            return
+        arguments = {p: v for p, _, v in passed if v is not UNKNOWN}
+        found = self.ff.call_mismatches(target, arguments, self.depth)
+        if not found:
+            return
+        for m in found:
+            for name, arg_node, value in cpu:
+                if m.cpu == value or (m.cpu.source is not None and m.cpu.source is value.source):
+                    other_node, other = device[0][1], device[0][2]
+                    line = getattr(m.site, "lineno", 0)
+                    key = (id(node), id(arg_node))
+                    self._mismatches[key] = Mismatch(
+                        node,
+                        arg_node,
+                        value,
+                        other_node,
+                        other,
+                        "call",
+                        callee=target,
+                        inner=m,
+                        path=f"`{target.name}` combines its `{name}` with a tensor on the "
+                        f"device (line {line})",
+                    )
+                    break
 
     def _same_file_callee(self, func: ast.expr, recv: Value | None) -> AnyFunction | None:
         """The function of this file a call runs: `helper(...)`, `self.m(...)`,

@@ -40,8 +40,9 @@ class ScopeCore:
 
     MAX_LOOP_PASSES = 3
 
-    def __init__(self, ff: FileFacts, node: ScopeNode, *, seeds: Env) -> None:
+    def __init__(self, ff: FileFacts, node: ScopeNode, *, seeds: Env, depth: int = 0) -> None:
         self.ff = ff
+        self.depth = depth  # calls followed with their arguments to get here (call_scope)
         self.ctx = ff.ctx
         self.node = node
         self.seeds = seeds

@@ -177,7 +177,11 @@ class Mismatch:
     cpu: Value
     other_node: ast.expr
     other: Value
-    via: str  # "module" (a module call), "torch" (a torch function), "method", "operator"
+    via: str  # "module" (a module call), "torch" (a torch function), "method", "operator",
+    # "call" (a function of this file combines the two arguments)
+    path: str = ""  # for "call": where, inside the callee, they meet
+    callee: ast.AST | None = None  # for "call": the function they meet in
+    inner: Mismatch | None = None  # for "call": the meeting inside the callee
 
 
 @dataclass(frozen=True)

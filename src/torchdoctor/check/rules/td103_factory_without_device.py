@@ -139,9 +139,10 @@ class FactoryWithoutDevice(Rule):
             alternative = (
                 f" or `{like}(...)`" if like.startswith("torch.") else f" or `{base}.{like}(...)`"
             )
+        path = f", and {m.path}" if m.path else ""
         return (
             f"`{qual}(...)` has no `device=`: it is made on the CPU and {meets} (line "
-            f"{m.site.lineno}), which fails once the model is on a GPU; pass "  # type: ignore[attr-defined]
+            f"{m.site.lineno}{path}), which fails once the model is on a GPU; pass "  # type: ignore[attr-defined]
             f"`device={device}`{alternative}"
         )
 

@@ -123,7 +123,7 @@ class UnregisteredTensor(Rule):
         attr: str,
         made_line: int,
         made_by: str,
-        user: tuple[str, int],
+        user: tuple[str, str],
         first: bool,
     ) -> None:
         method, line = user
@@ -131,7 +131,7 @@ class UnregisteredTensor(Rule):
         message = (
             f"`self.{attr}` is a plain tensor attribute ({made}), not a buffer: "
             f"`model.to(device)` leaves it on the CPU, where `{method}` uses it with tensors on "
-            f"the module's device (line {line}); "
+            f"the module's device ({line}); "
             f'register it with `self.register_buffer("{attr}", ..., persistent=False)`'
         )
         fix = None
@@ -151,8 +151,8 @@ class UnregisteredTensor(Rule):
 
 def _first_use(
     ff: FileFlow, methods: list[AnyFunction], attr: str, value: Value
-) -> tuple[str, int] | None:
-    """(method, line) where `self.attr` first meets a tensor on the module's device."""
+) -> tuple[str, str] | None:
+    """(method, "line N") where `self.attr` first meets a tensor on the module's device."""
     ordered = sorted(methods, key=lambda m: (m.name != "forward", m.lineno))
     for method in ordered:
         if not ff.mentions(method, f".{attr}"):
@@ -164,7 +164,8 @@ def _first_use(
             if held == f"{me}.{attr}" or (
                 value.source is not None and m.cpu.source is value.source
             ):
-                return method.name, m.site.lineno  # type: ignore[attr-defined]
+                via = f"; {m.path}" if m.path else ""
+                return method.name, f"line {m.site.lineno}{via}"  # type: ignore[attr-defined]
     return None
 
 

@@ -102,6 +102,7 @@ class BatchNotMoved(Rule):
         scopes: list[ScopeNode] = [ff.ctx.tree] if script else []
         scopes += [s for s in ff.scopes_at(strong) if s not in scopes]
         scopes += [s for s in ff.scopes_at(weak) if s not in scopes and ff.mentions(s, *_MOVES)]
+        self._checked = set(scopes)
         for node in scopes:
             if not isinstance(node, ast.Module):
                 cls = ff.class_of(node)
@@ -124,6 +125,11 @@ class BatchNotMoved(Rule):
             self._report_site(site_mismatches)
 
     def _qualifies(self, scope: ScopeFlow, m: Mismatch) -> bool:
+        if m.callee is not None and m.callee in self._checked and m.inner is not None:
+            # a helper this rule checks too: report where they meet, once
+            helper = file_flow(self.ctx).scope(m.callee)  # type: ignore[arg-type]
+            if any(_same_value(i.cpu, m.inner.cpu) for i in helper.mismatches):
+                return False
         other, cpu = m.other, m.cpu
         if other.assumed or other.is_input or cpu.is_input or other.place is not Place.DEVICE:
             return False
@@ -182,11 +188,17 @@ class BatchNotMoved(Rule):
             target = self.ctx.segment(first.other_node)
             where = _site_text(self.ctx.segment(first.site), first)
             message = f"{what}{dropped} {verb_meet} `{target}` ({_on_device(other)}) in {where}"
+        if first.path:
+            message += f" ({first.path})"
         if cpu.kind is Kind.BATCH:
             message += f" without `.to({device})`"
         else:
             message += f"; create {'them' if plural else 'it'} with `device={device}`"
         self.report(first.cpu_node, message)
+
+
+def _same_value(a: Value, b: Value) -> bool:
+    return a == b or (a.source is not None and a.source is b.source)
 
 
 def _position(node: ast.AST) -> tuple[int, int]:
