@@ -17,10 +17,10 @@ from torchdoctor.check.analysis.syntax import (
 from torchdoctor.check.analysis.values import (
     UNKNOWN,
     AnyFunction,
+    CallFacts,
     CallSite,
     Env,
     Kind,
-    Mismatch,
     Place,
     ScopeNode,
     Value,
@@ -46,14 +46,14 @@ class FileFlow(FileIndex):
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
         self._scopes: dict[tuple[ast.AST, bool], ScopeFlow] = {}
-        self._call_mismatches: dict[object, list[Mismatch] | None] = {}
+        self._call_facts: dict[object, CallFacts | None] = {}
         self._call_budget = self.CALL_BUDGET
         self._calls_in_progress: set[ast.AST] = set()
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
         self._scopes.clear()
-        self._call_mismatches.clear()
+        self._call_facts.clear()
         super().release()
 
     # -- scopes ------------------------------------------------------------------------
@@ -83,23 +83,22 @@ class FileFlow(FileIndex):
         return found
 
     MAX_CALL_DEPTH = 2  # calls followed with their arguments, one inside another
-    CALL_BUDGET = 64  # such analyses per file: a huge file stays fast
+    CALL_BUDGET = 200  # such analyses per file: a huge file stays fast
 
-    def call_mismatches(
-        self, func: AnyFunction, arguments: Env, depth: int
-    ) -> list[Mismatch] | None:
-        """Where devices meet inside `func` when its parameters hold `arguments`
-        (None: not analysed: too deep, recursive, or over the file's budget).
+    def call_facts(self, func: AnyFunction, arguments: Env, depth: int) -> CallFacts | None:
+        """What `func` returns, and where devices meet inside it, when its parameters
+        hold `arguments` (None: not analysed: too deep, recursive, or over the budget).
 
-        Context-sensitive on purpose: the caller's CPU tensor and device tensor meet
-        only in this call, so the callee's own scope (seeded from the join of all its
-        call sites) cannot see it.
+        Context-sensitive on purpose: a helper's result and the meetings inside it
+        depend on what this call passes (`reduce_mean(out, target)` returns a tensor on
+        the device when `out` is there), which the callee's own scope, seeded from the
+        join of all its call sites, cannot tell.
         """
         if depth >= self.MAX_CALL_DEPTH or func in self._calls_in_progress:
             return None
         key = (func, tuple(sorted(arguments.items(), key=lambda kv: kv[0])))
-        if key in self._call_mismatches:
-            return self._call_mismatches[key]
+        if key in self._call_facts:
+            return self._call_facts[key]
         if self._call_budget <= 0:
             return None
         self._call_budget -= 1
@@ -107,10 +106,11 @@ class FileFlow(FileIndex):
         try:
             seeds = self._seeds(func, depth + 1, callers=False, call_sites=False)
             seeds.update(arguments)
-            found = ScopeFlow(self, func, seeds=seeds, depth=depth + 1).mismatches
+            scope = ScopeFlow(self, func, seeds=seeds, depth=depth + 1)
+            found = CallFacts(scope.returned or UNKNOWN, tuple(scope.mismatches))
         finally:
             self._calls_in_progress.discard(func)
-        self._call_mismatches[key] = found
+        self._call_facts[key] = found
         return found
 
     def returned_tensor(self, func: AnyFunction) -> Value:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from typing import Protocol
 
-from torchdoctor.check.analysis.values import AnyFunction, Env, Mismatch, Value
+from torchdoctor.check.analysis.values import AnyFunction, CallFacts, Env, Value
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.project import ProjectIndex
 
@@ -31,9 +31,7 @@ class FileFacts(Protocol):
     def module_exit_env(self) -> Env: ...
     def returned_tensor(self, func: AnyFunction) -> Value: ...
     def self_attrs_assigned(self, func: AnyFunction) -> frozenset[str]: ...
-    def call_mismatches(
-        self, func: AnyFunction, arguments: Env, depth: int
-    ) -> list[Mismatch] | None: ...
+    def call_facts(self, func: AnyFunction, arguments: Env, depth: int) -> CallFacts | None: ...
 
 
 class FileWords(Protocol):

@@ -346,6 +346,19 @@ class ScopeFlow(ScopeCalls):
                 return
             if base.kind in (Kind.TENSOR, Kind.PARAMETER):
                 return  # an in-place write: still the same tensor
+            if base.kind is Kind.ARRAY:
+                # one element takes a 0-dim tensor through float(); anything wider (a
+                # row, a slice, a tensor with dimensions) goes through `__array__`
+                index = target.slice
+                indices = index.elts if isinstance(index, ast.Tuple) else [index]
+                one_element = (
+                    value.scalar
+                    and base.ndim == len(indices)
+                    and not any(isinstance(i, ast.Slice) for i in indices)
+                )
+                if not one_element:
+                    self._converted(target, target, value, "an assignment into a NumPy array")
+                return  # still the same array
             if base.kind is Kind.CONTAINER:
                 self._set(key, _container_add(base, Value(Kind.CONTAINER, element=value)))
             else:

@@ -169,25 +169,28 @@ class ScopeCalls(ScopeMoves):
             return self._module_call(node, callee, args, keywords)
         target = self._same_file_callee(func, recv)
         if target is not None:
-            self._meet_in_callee(node, target, args, keywords)
+            returned = self._follow_call(node, target, args, keywords)
+            if returned is not None and returned is not UNKNOWN:
+                return returned
             return self.ff.returned_tensor(target)
         return UNKNOWN
 
-    def _meet_in_callee(
+    def _follow_call(
         self,
         node: ast.Call,
         target: AnyFunction,
         args: list[Value],
         keywords: list[tuple[str | None, Value]],
-    ) -> None:
-        """A CPU tensor and a device tensor passed to one call of this file's function,
-        which combines them: a mismatch at the call, named after the callee's line."""
-        if not self._recording or any(isinstance(a, ast.Starred) for a in node.args):
-            return
+    ) -> Value | None:
+        """Follow a call of this file's function with what it passes (when a tensor or
+        module with a known place is passed): its result, and a mismatch at the call
+        when a CPU tensor and a device tensor passed to it meet inside."""
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            return None
         params = [*target.args.posonlyargs, *target.args.args]
         if params and self.ff.class_of(target) is not None and not _is_static(target):
             if isinstance(node.func, ast.Name):
-                return  # a method called by its bare name: not this function
+                return None  # a method called by its bare name: not this function
             params = params[1:]
         by_name = {a.arg: a for a in [*params, *target.args.kwonlyargs]}
         passed: list[tuple[str, ast.expr, Value]] = []
@@ -196,6 +199,23 @@ class ScopeCalls(ScopeMoves):
         for kw, (name, value) in zip(node.keywords, keywords, strict=True):
             if name is not None and name in by_name:
                 passed.append((name, kw.value, value))
+        if not any(v.place is not Place.UNKNOWN for _, _, v in passed):
+            return None
+        arguments = {p: v for p, _, v in passed if v is not UNKNOWN}
+        facts = self.ff.call_facts(target, arguments, self.depth)
+        if facts is None:
+            return None
+        if self._recording:
+            self._meetings_inside(node, target, passed, facts.mismatches)
+        return facts.returned
+
+    def _meetings_inside(
+        self,
+        node: ast.Call,
+        target: AnyFunction,
+        passed: list[tuple[str, ast.expr, Value]],
+        inside: tuple[Mismatch, ...],
+    ) -> None:
         cpu = [
             (p, n, v)
             for p, n, v in passed
@@ -208,27 +228,21 @@ class ScopeCalls(ScopeMoves):
         ]
         if not cpu or not device:
             return
-        arguments = {p: v for p, _, v in passed if v is not UNKNOWN}
-        found = self.ff.call_mismatches(target, arguments, self.depth)
-        if not found:
-            return
-        for m in found:
+        for m in inside:
             for name, arg_node, value in cpu:
                 if m.cpu == value or (m.cpu.source is not None and m.cpu.source is value.source):
-                    other_node, other = device[0][1], device[0][2]
                     line = getattr(m.site, "lineno", 0)
-                    key = (id(node), id(arg_node))
-                    self._mismatches[key] = Mismatch(
+                    self._mismatches[(id(node), id(arg_node))] = Mismatch(
                         node,
                         arg_node,
                         value,
-                        other_node,
-                        other,
+                        device[0][1],
+                        device[0][2],
                         "call",
-                        callee=target,
-                        inner=m,
                         path=f"`{target.name}` combines its `{name}` with a tensor on the "
                         f"device (line {line})",
+                        callee=target,
+                        inner=m,
                     )
                     break
 

@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.values import (
     _TENSOR_KINDS,
     UNKNOWN,
     CallSite,
+    Conversion,
     Env,
     Kind,
     Mismatch,
@@ -49,6 +50,7 @@ class ScopeCore:
         self._values: dict[ast.AST, Value] = {}
         self._mismatches: dict[tuple[int, int], Mismatch] = {}
         self.moves: list[Move] = []
+        self.conversions: list[Conversion] = []  # tensors NumPy converts implicitly
         self.calls: list[CallSite] = []
         self._method_calls: dict[str, list[ast.Call]] = {}
         self._named_calls: dict[str, list[ast.Call]] = {}
@@ -204,6 +206,16 @@ class ScopeCore:
             if value.place is Place.CPU and not value.scalar and value.kind in _TENSOR_KINDS:
                 key = (id(site), id(node))
                 self._mismatches[key] = Mismatch(site, node, value, device[0], device[1], via)
+
+    def _converted(self, site: ast.AST, node: ast.expr, value: Value, how: str) -> None:
+        """Record tensors (also inside a list or tuple) that NumPy converts with `.numpy()`."""
+        if not self._recording:
+            return
+        inside = value.items or ((value.element,) if value.element is not None else ())
+        for held in (value, *(inside if value.kind is Kind.CONTAINER else ())):
+            if held.kind in _TENSOR_KINDS and held.kind is not Kind.UNKNOWN:
+                self.conversions.append(Conversion(site, node, held, how))
+                return
 
     # -- helpers ------------------------------------------------------------------------------
     def _text(self, node: ast.AST) -> str:

@@ -15,7 +15,11 @@ from torchdoctor.check.analysis.torch_api import (
     _PASS_THROUGH_ITERATORS,
     DATA_PARALLEL,
     FACTORIES,
+    IDENTITY_FUNCTIONS,
+    LEGACY_CONSTRUCTORS,
     LIKE_FACTORIES,
+    NUMPY_ARRAY_FACTORIES,
+    NUMPY_CONVERTING,
     OPTIMIZER_PREFIX,
     REDUCTIONS,
 )
@@ -26,6 +30,10 @@ from torchdoctor.check.context import (
 
 if TYPE_CHECKING:
     pass
+
+
+# NumPy factories whose first argument is the shape.
+_SHAPED = frozenset({"zeros", "ones", "empty", "full"})
 
 
 class ScopeLibrary(ScopeExprs):
@@ -40,8 +48,20 @@ class ScopeLibrary(ScopeExprs):
         keywords: list[tuple[str | None, Value]],
     ) -> Value | None:
         last = qual.rsplit(".", 1)[-1]
+        if qual in IDENTITY_FUNCTIONS:
+            return args[0] if args and args[0] is not UNKNOWN else None
         if qual.startswith("torch."):
             return self._torch_function(node, qual, last, args, keywords)
+        if qual.startswith("numpy.") and qual.count(".") == 1:
+            if last in NUMPY_CONVERTING:
+                for arg_node, value in zip(node.args, args, strict=False):
+                    self._converted(node, arg_node, value, f"`{qual}`")
+            if last in NUMPY_ARRAY_FACTORIES or last in NUMPY_CONVERTING:
+                shape = node.args[0] if node.args and last in _SHAPED else None
+                ndim = len(shape.elts) if isinstance(shape, ast.Tuple | ast.List) else 0
+                if isinstance(shape, ast.Constant) and isinstance(shape.value, int):
+                    ndim = 1
+                return Value(Kind.ARRAY, line=node.lineno, source=node, ndim=ndim)
         if last in _PASS_THROUGH_ITERATORS and args:
             return args[0] if args[0].kind is not Kind.UNKNOWN else None
         if qual == "enumerate" and args:
@@ -155,6 +175,9 @@ class ScopeLibrary(ScopeExprs):
     ) -> Value | None:
         if qual.count(".") == 1 and last in FACTORIES:
             return self._factory(node, qual, last)
+        if qual.count(".") == 1 and last in LEGACY_CONSTRUCTORS:
+            # `torch.FloatTensor([n])`: on the CPU, whatever the arguments
+            return Value(Kind.TENSOR, Place.CPU, name=qual, line=node.lineno, source=node)
         if qual.count(".") == 1 and last in LIKE_FACTORIES:
             base = args[0] if args else UNKNOWN
             for kw in node.keywords:

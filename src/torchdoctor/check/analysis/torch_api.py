@@ -28,6 +28,10 @@ def _names(table: str, key: str) -> frozenset[str]:
 
 FACTORIES = _names("torch", "factories")
 LIKE_FACTORIES = _names("torch", "like_factories")
+LEGACY_CONSTRUCTORS = _names("torch", "legacy_constructors")
+IDENTITY_FUNCTIONS = _names("torch", "identity")
+NUMPY_ARRAY_FACTORIES = _names("numpy", "array_factories")
+NUMPY_CONVERTING = _names("numpy", "converting")
 _MEETING_NAMESPACES = tuple(LIBRARY["torch"]["meeting_namespaces"])
 _NON_MEETING_TORCH = _names("torch", "non_meeting")
 MEETING_METHODS = _names("tensor", "meeting_methods")

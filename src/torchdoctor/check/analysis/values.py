@@ -65,6 +65,7 @@ class Value:
     is_input: bool = False  # an argument of `forward`, or a parameter/submodule of `self`
     output: bool = False  # TENSOR: the output of a module call
     scalar: bool = False  # TENSOR: 0-dim (mixes with tensors on any device)
+    ndim: int = 0  # ARRAY: its number of dimensions, when the shape is written out (0: unknown)
     fresh: bool = False  # MODULE: constructed here, not yet moved nor registered on `self`
     pinned: bool | None = None  # LOADER/BATCH: pin_memory=True given (None: not known)
     dropped_line: int = 0  # a `.to(...)` of this value whose result was dropped
@@ -182,6 +183,24 @@ class Mismatch:
     path: str = ""  # for "call": where, inside the callee, they meet
     callee: ast.AST | None = None  # for "call": the function they meet in
     inner: Mismatch | None = None  # for "call": the meeting inside the callee
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """What one call of a function of the file does, given what it passes."""
+
+    returned: Value
+    mismatches: tuple[Mismatch, ...]
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A tensor converted to NumPy implicitly (through `__array__`, that is `.numpy()`)."""
+
+    site: ast.AST  # the call (`np.isnan(t)`) or the assignment target (`arr[i]`)
+    node: ast.expr  # the tensor's expression (the target, for an assignment)
+    value: Value  # what it held
+    how: str  # "`numpy.isnan`", "an assignment into a NumPy array"
 
 
 @dataclass(frozen=True)

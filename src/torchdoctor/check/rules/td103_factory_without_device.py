@@ -5,7 +5,7 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
-from torchdoctor.check.analysis.torch_api import FACTORIES
+from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch
 from torchdoctor.check.rule import Rule, Severity
 
@@ -75,7 +75,7 @@ class FactoryWithoutDevice(Rule):
                 continue
             if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
                 continue
-            if not ff.mentions(func, "torch.", *FACTORIES):
+            if not ff.mentions(func, "torch.", *FACTORIES, *LEGACY_CONSTRUCTORS):
                 makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
                     f"self.{m.name}("
                     for m in ff.methods(cls).values()
@@ -102,7 +102,8 @@ class FactoryWithoutDevice(Rule):
                 continue
             qual = self.ctx.call_name(source) or ""
             factory = qual.rsplit(".", 1)[-1]
-            if not qual.startswith("torch.") or factory not in FACTORIES:
+            legacy = factory in LEGACY_CONSTRUCTORS and qual.count(".") == 1
+            if not qual.startswith("torch.") or not (factory in FACTORIES or legacy):
                 continue
             reported.add(source)
             self.report(source, self._message(func, forward, m, qual, factory))
@@ -140,11 +141,33 @@ class FactoryWithoutDevice(Rule):
                 f" or `{like}(...)`" if like.startswith("torch.") else f" or `{base}.{like}(...)`"
             )
         path = f", and {m.path}" if m.path else ""
+        if factory in LEGACY_CONSTRUCTORS:
+            dtype = _LEGACY_DTYPES.get(factory, "")
+            return (
+                f"`{qual}(...)` is a legacy constructor: it always makes its tensor on the CPU, "
+                f"and it {meets} (line {m.site.lineno}{path}), which fails once the model is "  # type: ignore[attr-defined]
+                f"on a GPU; use `torch.tensor(...{dtype}, device={device})`"
+                + ("" if dtype else f" for data, `torch.empty(..., device={device})` for sizes")
+            )
         return (
             f"`{qual}(...)` has no `device=`: it is made on the CPU and {meets} (line "
             f"{m.site.lineno}{path}), which fails once the model is on a GPU; pass "  # type: ignore[attr-defined]
             f"`device={device}`{alternative}"
         )
+
+
+_LEGACY_DTYPES = {
+    "FloatTensor": ", dtype=torch.float",
+    "DoubleTensor": ", dtype=torch.double",
+    "HalfTensor": ", dtype=torch.half",
+    "BFloat16Tensor": ", dtype=torch.bfloat16",
+    "LongTensor": ", dtype=torch.long",
+    "IntTensor": ", dtype=torch.int",
+    "ShortTensor": ", dtype=torch.short",
+    "ByteTensor": ", dtype=torch.uint8",
+    "CharTensor": ", dtype=torch.int8",
+    "BoolTensor": ", dtype=torch.bool",
+}
 
 
 def _inside(node: ast.AST, func: ast.AST | None) -> bool:

@@ -5,7 +5,7 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
 from torchdoctor.check.analysis.scope import ScopeFlow
-from torchdoctor.check.analysis.values import Kind, Place, Value
+from torchdoctor.check.analysis.values import Conversion, Kind, Place, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 # A file that turns gradients off globally: outputs there do not require grad.
@@ -55,7 +55,7 @@ class NumpyOnDevice(Rule):
     category = "device"
     severity = Severity.ERROR
     fix_availability = FixAvailability.SAFE
-    triggers: ClassVar[tuple[str, ...]] = (".numpy(",)
+    triggers: ClassVar[tuple[str, ...]] = (".numpy(", "numpy")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
@@ -65,6 +65,41 @@ class NumpyOnDevice(Rule):
             scope = ff.scope(node)
             for call in scope.method_calls("numpy"):
                 self._check(scope, call, grad_off)
+        # implicit conversions: `np.isnan(t)`, `np.mean([losses])`, `array[i] = t`
+        aliases = [
+            f"{local}." if target == "numpy" else f"{local}("
+            for local, target in self.ctx.imports.items()
+            if target == "numpy" or target.startswith("numpy.")
+        ]
+        if aliases:
+            for node in scopes_with(ff, *aliases):
+                for conversion in ff.scope(node).conversions:
+                    self._check_conversion(conversion, grad_off)
+
+    def _check_conversion(self, conversion: Conversion, grad_off: bool) -> None:
+        held = conversion.value
+        if held.is_input or held.assumed or held.maybe:
+            return
+        on_device = held.place is Place.DEVICE
+        grad = held.grad and not grad_off
+        if not (on_device or grad):
+            return
+        reasons = []
+        if on_device:
+            reasons.append(f"is on `{held.device or 'the device'}`{_since(held)}")
+        if grad:
+            reasons.append("requires grad" + _why_grad(held))
+        text = " ".join(self.ctx.segment(conversion.node).split())
+        if len(text) > 40:
+            text = text[:37] + "..."
+        what = "the tensor assigned" if conversion.node is conversion.site else f"`{text}`"
+        insert = (".detach()" if grad else "") + (".cpu()" if held.place is not Place.CPU else "")
+        self.report(
+            conversion.site,
+            f"{what} {' and '.join(reasons)}: {conversion.how} converts it with `.numpy()`, "
+            f"which raises for such a tensor; convert it yourself with `{insert}.numpy()` "
+            "(or `.item()` for one number)",
+        )
 
     def _check(self, scope: ScopeFlow, call: ast.Call, grad_off: bool) -> None:
         if call.args or any(kw.arg == "force" for kw in call.keywords):
