@@ -273,6 +273,8 @@ class FileFlow(FileIndex):
         depth: int,
     ) -> Env:
         """Join, over every call of `func`, the value passed to each parameter."""
+        if depth > self.MAX_SEED_DEPTH:
+            return {}  # callers of callers of callers: too far to follow
         sites: list[tuple[CallSite, int]] = []  # (call, offset of the first parameter)
         scopes: list[ScopeNode] | None
         if cls is None:
@@ -295,7 +297,15 @@ class FileFlow(FileIndex):
         module_init = cls is not None and func.name == "__init__" and self.is_module_class(cls)
         for scope_node in scopes:
             forward = isinstance(scope_node, ast.FunctionDef) and self.is_forward(scope_node)
-            if not (forward or module_init or self.mentions(scope_node, *self.FACT_WORDS)):
+            # a function may pass on what its own callers gave it (`train(model, ...)`
+            # hands the moved model to `accuracy(model(x), y)`), within the depth
+            relay = (
+                not isinstance(scope_node, ast.Module)
+                and depth + 1 < self.MAX_SEED_DEPTH
+                and bool(scope_node.args.args or scope_node.args.posonlyargs)
+            )
+            informative = forward or module_init or relay
+            if not (informative or self.mentions(scope_node, *self.FACT_WORDS)):
                 return {}  # an uninformative caller: the join would be unknown anyway
         for scope_node in scopes:
             caller = self.scope(scope_node, depth=depth + 1)
@@ -345,6 +355,12 @@ class FileFlow(FileIndex):
                     env[key] = _as_parameter(key, value)
             out.append(env)
         return out
+
+    def called_in_file(self, func: AnyFunction) -> bool:
+        """Whether this file calls the top-level function `func` (so may seed it)."""
+        if self.toplevel_functions.get(func.name) is not func:
+            return False
+        return bool(self._caller_scopes(func.name))
 
     def _caller_scopes(self, name: str) -> list[ScopeNode] | None:
         """The scopes that call `name`; None if `name` escapes (passed as a value)."""

@@ -256,9 +256,11 @@ class FileIndex:
             ):
                 rest = source[end : line_end(source, end) + 1].lstrip(" \t")
                 head = source[line_start(source, start) : start]
-                if rest.startswith("(") and not head.rstrip().endswith("@"):
+                if _DEF_OR_IMPORT.fullmatch(head):
+                    pass  # `def name(`, `class name(`, `import name`: not a use
+                elif rest.startswith("(") and not head.rstrip().endswith("@"):
                     uses.append((self.ctx.line_of_offset(start), True))
-                elif (not rest or rest[0] in ",)]}\n" or head.rstrip().endswith("@")) and not (
+                elif (not rest or rest[0] in ",)]}\r\n" or head.rstrip().endswith("@")) and not (
                     _DEF_OR_IMPORT.fullmatch(head)
                 ):
                     return None

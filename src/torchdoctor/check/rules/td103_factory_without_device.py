@@ -6,8 +6,11 @@ from typing import ClassVar
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
-from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch
+from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch, Place
 from torchdoctor.check.rule import Rule, Severity
+
+# `torch.zeros(`, `th.FloatTensor(`: how a factory call reads, whatever torch is imported as
+_FACTORY_CALLS = tuple(f".{name}(" for name in sorted(FACTORIES | LEGACY_CONSTRUCTORS))
 
 _LIKE_FORM = {
     "zeros": "new_zeros",
@@ -69,6 +72,13 @@ class FactoryWithoutDevice(Rule):
         for func in ff.functions():
             cls = ff.class_of(func)
             if cls is None or not ff.is_module_class(cls):
+                # a loss, metric or plotting helper: its factory meets tensors its
+                # callers proved to be on the device
+                # (only where a device value can come from: its own code, or callers here)
+                if ff.mentions(func, *_FACTORY_CALLS) and (
+                    ff.mentions(func, *ff.FACT_WORDS) or ff.called_in_file(func)
+                ):
+                    self._check(func, None, ff.scope(func))
                 continue
             forward = ff.methods(cls).get("forward")
             if forward is None:
@@ -85,7 +95,7 @@ class FactoryWithoutDevice(Rule):
                     continue
             self._check(func, forward, ff.scope(func, callers=False))
 
-    def _check(self, func: AnyFunction, forward: AnyFunction, scope: ScopeFlow) -> None:
+    def _check(self, func: AnyFunction, forward: AnyFunction | None, scope: ScopeFlow) -> None:
         reported: set[ast.AST] = set()
         # results moved on the spot (`f(torch.arange(n)).to(x.device)`): done on purpose
         moved_now = {id(m.receiver) for m in scope.moves if not m.dtype_only}
@@ -98,7 +108,14 @@ class FactoryWithoutDevice(Rule):
             inside = _inside(source, func) or any(
                 _inside(source, method) for method in self._helpers(func)
             )
-            if not inside or not m.other.is_input or id(m.site) in moved_now:
+            if forward is None:  # outside a module: the other side must be proven there
+                other = m.other
+                proven = not (other.assumed or other.maybe or other.is_input)
+                if not proven or other.place is not Place.DEVICE or other.kind is Kind.MODULE:
+                    continue
+            elif not m.other.is_input:
+                continue
+            if not inside or id(m.site) in moved_now:
                 continue
             qual = self.ctx.call_name(source) or ""
             factory = qual.rsplit(".", 1)[-1]
@@ -116,13 +133,15 @@ class FactoryWithoutDevice(Rule):
         return [m for name, m in ff.methods(cls).items() if name != "__init__" and m is not func]
 
     def _message(
-        self, func: AnyFunction, forward: AnyFunction, m: Mismatch, qual: str, factory: str
+        self, func: AnyFunction, forward: AnyFunction | None, m: Mismatch, qual: str, factory: str
     ) -> str:
         device = m.other.device if m.other.device.endswith(".device") else ""
+        if forward is None:
+            device = device or m.other.device or "device"
         if isinstance(m.other_node, ast.Name) and m.other.kind is not Kind.MODULE:
             device = f"{m.other_node.id}.device"  # the tensor it meets
         if not device:
-            first = _first_input(forward if func is not forward else func)
+            first = _first_input(forward if forward is not None else func)
             device = f"{first}.device" if first else "x.device"
         base = device.removesuffix(".device")
         met = self.ctx.segment(m.other_node)
