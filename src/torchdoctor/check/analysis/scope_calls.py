@@ -279,7 +279,8 @@ class ScopeCalls(ScopeMoves):
         for kw, (_, value) in zip(node.keywords, keywords, strict=False):
             operands.extend(self._tensor_operands(kw.value, value))
         tensors = [(n, v) for n, v in operands if v.tensor_like or n is node.func]
-        self._meet(node, [(n, v) for n, v in tensors], "module")
+        if callee.wrapper != "DataParallel":  # DataParallel scatters CPU inputs itself
+            self._meet(node, [(n, v) for n, v in tensors], "module")
         maybe = False
         if callee.place is not Place.UNKNOWN:
             place = callee.place

@@ -64,7 +64,7 @@ class FactoryWithoutDevice(Rule):
     name = "factory-without-device"
     category = "device"
     severity = Severity.ERROR
-    triggers: ClassVar[tuple[str, ...]] = ("forward",)
+    triggers: ClassVar[tuple[str, ...]] = ("forward", ".to(", ".cuda(", "device")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
