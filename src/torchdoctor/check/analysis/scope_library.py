@@ -223,9 +223,9 @@ class ScopeLibrary(ScopeExprs):
             return self._tensor_dataset(args)
         if self._is_module_class(qual) or qual in DATA_PARALLEL:
             return self._construct_module(node, qual, keywords)
-        meets = (qual.count(".") == 1 and last not in _NON_MEETING_TORCH) or qual.startswith(
-            _MEETING_NAMESPACES
-        )
+        # (private ops such as `torch._nested_view_from_buffer` take CPU metadata tensors)
+        public = qual.count(".") == 1 and not last.startswith("_")
+        meets = (public and last not in _NON_MEETING_TORCH) or qual.startswith(_MEETING_NAMESPACES)
         if not meets:
             return None
         operands: list[tuple[ast.expr, Value]] = []
