@@ -69,9 +69,13 @@ class FactoryWithoutDevice(Rule):
 
     def finish(self) -> None:
         ff = file_flow(self.ctx)
+        # a value proven on the device comes from a move or a `device=` in this file
+        moves = any(m in self.ctx.source for m in (".to(", ".cuda(", "device="))
         for func in ff.functions():
             cls = ff.class_of(func)
             if cls is None or not ff.is_module_class(cls):
+                if not moves:
+                    continue
                 # a loss, metric or plotting helper: its factory meets tensors its
                 # callers proved to be on the device
                 # (only where a device value can come from: its own code, or callers here)

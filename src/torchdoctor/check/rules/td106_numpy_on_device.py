@@ -5,6 +5,7 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
 from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.torch_api import NUMPY_ARRAY_FACTORIES, NUMPY_CONVERTING
 from torchdoctor.check.analysis.values import Conversion, Kind, Place, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
@@ -66,15 +67,18 @@ class NumpyOnDevice(Rule):
             for call in scope.method_calls("numpy"):
                 self._check(scope, call, grad_off)
         # implicit conversions: `np.isnan(t)`, `np.mean([losses])`, `array[i] = t`
-        aliases = [
-            f"{local}." if target == "numpy" else f"{local}("
+        calls = [
+            f"{local}.{name}(" if target == "numpy" else f"{local}("
             for local, target in self.ctx.imports.items()
             if target == "numpy" or target.startswith("numpy.")
+            for name in (NUMPY_CONVERTING | NUMPY_ARRAY_FACTORIES if target == "numpy" else [""])
         ]
-        if aliases:
-            for node in scopes_with(ff, *aliases):
-                for conversion in ff.scope(node).conversions:
-                    self._check_conversion(conversion, grad_off)
+        if calls:
+            for node in scopes_with(ff, *calls):
+                # only code that can hold a tensor on the device or one requiring grad
+                if ff.mentions(node, *_DEVICE_OR_GRAD):
+                    for conversion in ff.scope(node).conversions:
+                        self._check_conversion(conversion, grad_off)
 
     def _check_conversion(self, conversion: Conversion, grad_off: bool) -> None:
         held = conversion.value
@@ -134,6 +138,9 @@ class NumpyOnDevice(Rule):
         )
         fix = self.ctx.fix(f"insert `{insert}`", self.ctx.insert_after(receiver, insert))
         self.report(call, message, fix=fix)
+
+
+_DEVICE_OR_GRAD = (".to(", ".cuda(", "device", "backward", "grad", "model", "loss", "forward")
 
 
 def _since(held: Value) -> str:
