@@ -405,3 +405,50 @@ def test_many_functions_use_one_index_of_calls() -> None:
         else:
             assert seeded["model"].place is Place.DEVICE, i
     assert ff._uses_indexed
+
+
+# -- calls followed with what they pass ------------------------------------------------------
+def test_a_helper_returns_a_tensor_where_its_arguments_are() -> None:
+    sc = scope(
+        """
+        def reduce_mean(out, target):
+            return torch.abs(out - target).mean()
+
+        x = torch.randn(4).to(device)
+        loss = reduce_mean(x, x * 2)
+        """
+    )
+    held = value_of(sc, "reduce_mean(x, x * 2)")
+    assert (held.kind, held.place) == (Kind.TENSOR, Place.DEVICE)
+
+
+def test_a_cpu_and_a_device_argument_meeting_in_a_helper_meet_at_the_call() -> None:
+    sc = scope(
+        """
+        def combine(a, b):
+            return torch.cat([a, b])
+
+        x = torch.randn(4).to(device)
+        both = combine(x, torch.zeros(4))
+        apart = combine(x, x)
+        """
+    )
+    (m,) = sc.mismatches
+    assert m.via == "call" and m.site.lineno == 11  # type: ignore[attr-defined]
+    assert "`combine` combines its `b`" in m.path and "(line 8)" in m.path
+
+
+def test_recursive_helpers_end_and_stay_quiet() -> None:
+    sc = scope(
+        """
+        def ping(a, b, n):
+            return pong(b, a, n - 1) if n else a
+
+        def pong(a, b, n):
+            return ping(b, a, n - 1) if n else b
+
+        x = torch.randn(4).to(device)
+        y = ping(x, torch.zeros(4), 10)
+        """
+    )
+    assert sc.mismatches == []  # nothing combines them; the recursion is cut, not followed
