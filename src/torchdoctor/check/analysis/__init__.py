@@ -21,6 +21,14 @@ every rule (kept on the `FileContext`):
         for event in fl.events(fi): ...       # backward/step/zero_grad/... in program order
         modes = fl.modes(fi)                  # train/eval mode of every model, every path
 
+What a scope records besides values: `mismatches` (a CPU tensor meets a device one;
+`via="call"` when they meet inside a function of the file this call passes them to,
+with `path`, `callee` and the `inner` mismatch), `moves`, `calls` (call sites, which
+seed callee parameters), `conversions` (tensors NumPy converts implicitly). A call
+of the file's own function is followed with what it passes (`FileFlow.call_facts`:
+its result and the meetings inside; context-sensitive, depth 2, a budget per file).
+What library APIs return is data: `library.toml`, loaded by `torch_api.py`.
+
 Values (`values.py`): a `Value` says what an expression holds: its `Kind` (module,
 tensor, batch from a loader, loader, parameters, device, container, ...), its `Place`
 (CPU, the target device, unknown) and where that came from. Anything not understood
