@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchdoctor.check.analysis.project_facts import build_project
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORK = HERE / ".work"
@@ -179,14 +181,13 @@ def tree_files(tree: Path) -> list[Path]:
 def per_rule(files: Sequence[Path]) -> None:
     """CPU seconds each rule adds on top of parsing and walking, all in this process."""
     from torchdoctor.check.engine import check_source, decode_source
-    from torchdoctor.check.project import ProjectIndex
     from torchdoctor.check.registry import rule_classes
 
     sources = []
     for f in files:
         with contextlib.suppress(UnicodeDecodeError, SyntaxError, LookupError):
             sources.append((str(f), decode_source(f.read_bytes())))
-    project = ProjectIndex.build(text for _, text in sources)
+    project = build_project(text for _, text in sources)
     rules = rule_classes()
     spent = dict.fromkeys([r.code for r in rules], 0.0)
     parse = 0.0

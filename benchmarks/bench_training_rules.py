@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings
 from torchdoctor.check.discovery import discover
 from torchdoctor.check.engine import check_source, decode_source
-from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rules_by_code
 
 CODES = [
@@ -55,7 +55,7 @@ def measure(tree: Path) -> None:
             parse += time.process_time() - start
             sources.append((str(f), text, parsed))
             lines += text.count("\n") + 1
-    project = ProjectIndex.build(text for _, text, _ in sources)
+    project = build_project(text for _, text, _ in sources)
     rules = [rules_by_code()[code] for code in CODES]
 
     def run(selected: list[type]) -> float:

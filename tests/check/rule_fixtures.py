@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.engine import RunOptions, check_text
-from torchdoctor.check.project import ProjectIndex
+from torchdoctor.check.lines import NEWLINE, split_lines
 from torchdoctor.check.registry import rules_by_code
 from torchdoctor.check.rule import FixAvailability
+from torchdoctor.check.source_text import decode_source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 _EXPECT = re.compile(r"#.*?expect:\s*(?P<codes>TD\d{3}(?:\s*,\s*TD\d{3})*)")
@@ -29,9 +31,15 @@ def case_files(case: Path) -> list[Path]:
     return sorted(case.rglob("*.py")) if case.is_dir() else [case]
 
 
+def read_fixture(path: Path, newline: str = "\n") -> str:
+    """The fixture's text with its line ends as written (or all made `newline`)."""
+    text = decode_source(path.read_bytes())
+    return text if newline == "\n" else NEWLINE.sub(newline, text)
+
+
 def expected(path: Path, code: str) -> set[tuple[str, int, str]]:
     found = set()
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(split_lines(read_fixture(path)), start=1):
         match = _EXPECT.search(line)
         if match:
             for c in re.split(r"\s*,\s*", match.group("codes")):
@@ -41,13 +49,16 @@ def expected(path: Path, code: str) -> set[tuple[str, int, str]]:
 
 
 def run_rule(
-    case: Path, code: str, *, fix: bool = False
+    case: Path, code: str, *, fix: bool = False, newline: str = "\n"
 ) -> dict[Path, tuple[set[tuple[str, int, str]], str]]:
-    """Run one rule over a fixture case; returns file -> (found (file, line, code), text)."""
+    """Run one rule over a fixture case; returns file -> (found (file, line, code), text).
+
+    `newline`: check the files with every line end made `\r\n` or `\r` instead.
+    """
     rule = rules_by_code()[code]
     files = case_files(case)
-    sources = {f: f.read_text(encoding="utf-8") for f in files}
-    project = ProjectIndex.build(sources.values())
+    sources = {f: read_fixture(f, newline) for f in files}
+    project = build_project(sources.values())
     options = RunOptions(
         enabled=frozenset({code}),
         fix=fix,

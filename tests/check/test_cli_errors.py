@@ -33,7 +33,8 @@ def test_unparsable_files_are_td001_and_the_run_goes_on(
 ) -> None:
     write(project / "a_syntax.py", "import torch\ndef f(:\n")
     (project / "b_latin1.py").write_bytes(b"name = '\xe9t\xe9'\n")  # no coding cookie
-    (project / "c_cookie.py").write_bytes(b"# coding: klingon\nx = 1\n")
+    # a codec only a .pth file registers: the text is read as UTF-8; not UTF-8 -> TD001
+    (project / "c_cookie.py").write_bytes(b"# coding: klingon\nname = '\xe9'\n")
     write(project / "d_unreadable.py", LOAD)
     write(project / "e_ok.py", LOAD)
     (project / "f_nul.py").write_bytes(b"x = 1\x00\n")
@@ -53,11 +54,22 @@ def test_unparsable_files_are_td001_and_the_run_goes_on(
     assert lines[1].startswith(
         "b_latin1.py:1:1: TD001 cannot decode file: not UTF-8 and no `# coding:` line"
     )
-    assert lines[2].startswith("c_cookie.py:1:1: TD001 cannot decode file: unknown encoding")
+    assert lines[2].startswith("c_cookie.py:1:1: TD001 cannot decode file: not UTF-8")
     assert lines[3] == "d_unreadable.py:1:1: TD001 cannot read file: Permission denied"
     assert lines[4].startswith("e_ok.py:2:9: TD402 ")
     assert lines[5].startswith("f_nul.py:1:1: TD001 ")
     assert len(lines) == 6
+
+
+def test_an_unknown_coding_pragma_is_read_as_utf8_and_checked(td: CLI, project: Path) -> None:
+    # future_fstrings and friends register their codec from a .pth file at start-up
+    (project / "a.py").write_bytes(
+        b"# -*- coding: future_fstrings -*-\nimport torch\nname = '\xc3\xa9'\n"
+        b'x = torch.load(f"{name}.pt")\n'
+    )
+    code, lines = concise(td, "--select", "TD001,TD402", ".")
+    assert code == 1
+    assert [line.split(" ", 2)[:2] for line in lines] == [["a.py:4:5:", "TD402"]]
 
 
 def test_a_rule_that_raises_is_td900_naming_the_rule(

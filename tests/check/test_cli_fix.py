@@ -46,6 +46,12 @@ def test_fix_then_a_second_run_finds_nothing(td: CLI, project: Path) -> None:
             b'map_location="cpu")\n',
         ),
         (
+            "future_fstrings.py",  # a codec this Python lacks: read and written as UTF-8
+            b'# -*- coding: future_fstrings -*-\nimport torch\nx = torch.load("\xc3\xa9.pt")\n',
+            b'# -*- coding: future_fstrings -*-\nimport torch\nx = torch.load("\xc3\xa9.pt", '
+            b'map_location="cpu")\n',
+        ),
+        (
             "no_final_newline.py",
             b'import torch\nx = torch.load("a.pt")',
             b'import torch\nx = torch.load("a.pt", map_location="cpu")',

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ast
 
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.engine import check_source
-from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rules_by_code
 from torchdoctor.check.rules._file_gate import has_word, skip_visits, words_starting_with
 
@@ -29,7 +29,7 @@ def test_words_starting_with_any_case() -> None:
 
 def test_skip_visits_narrows_one_instance_only() -> None:
     rule_class = rules_by_code()["TD101"]
-    ctx = FileContext("m.py", "x = 1\n", ast.parse("x = 1\n"), ProjectIndex.build([]))
+    ctx = FileContext("m.py", "x = 1\n", ast.parse("x = 1\n"), build_project([]))
     rule = rule_class(ctx)
     skip_visits(rule, keep=(ast.Call,))
     assert rule.node_types == (ast.Call,)

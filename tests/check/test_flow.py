@@ -1,13 +1,15 @@
-"""The per-function dataflow library (check/flow.py) on real snippets."""
+"""The per-function dataflow library (check/analysis/, the scope interpreter) on real snippets."""
 
 from __future__ import annotations
 
 import ast
 import textwrap
 
-from torchdoctor.check import flow
+from torchdoctor.check.analysis.file_flow import FileFlow, file_flow, scopes_with
+from torchdoctor.check.analysis.project_facts import build_project
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.values import UNKNOWN, Kind, Place, Value, join
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.flow import UNKNOWN, Kind, Place, ScopeFlow, Value, join
 from torchdoctor.check.project import ProjectIndex
 
 HEADER = """\
@@ -19,13 +21,11 @@ device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 """
 
 
-def file_of(
-    source: str, path: str = "train.py", project: ProjectIndex | None = None
-) -> flow.FileFlow:
+def file_of(source: str, path: str = "train.py", project: ProjectIndex | None = None) -> FileFlow:
     source = textwrap.dedent(source)
     tree = ast.parse(source)
-    ctx = FileContext(path, source, tree, project or ProjectIndex.build([source]))
-    return flow.file_flow(ctx)
+    ctx = FileContext(path, source, tree, project or build_project([source]))
+    return file_flow(ctx)
 
 
 def scope(source: str, function: str | None = None) -> ScopeFlow:
@@ -301,7 +301,7 @@ def test_parameters_seeded_from_another_file() -> None:
         "val_loader = DataLoader(ds)\n"
         "evaluate(model, val_loader)\n"
     )
-    project = ProjectIndex.build([("engine.py", engine), ("train.py", train)])
+    project = build_project([("engine.py", engine), ("train.py", train)])
     assert [f.path for f in project.call_facts_for("evaluate", "engine.py")] == ["train.py"]
     ff = file_of(engine, "engine.py", project)
     sc = ff.scope(ff.functions()[0])
@@ -309,7 +309,7 @@ def test_parameters_seeded_from_another_file() -> None:
     assert sc.seeds["loader"].alias == "val_loader"
     assert len(sc.mismatches) == 1
     # the facts are part of the cache fingerprint
-    assert project.fingerprint() != ProjectIndex.build([engine, HEADER]).fingerprint()
+    assert project.fingerprint() != build_project([engine, HEADER]).fingerprint()
 
 
 def test_methods_see_attributes_set_in_init() -> None:
@@ -350,13 +350,13 @@ class Net(nn.Module):
 
 def test_queries_and_sharing() -> None:
     ff = file_of(HEADER + "y = x.to(device).numpy()\nz = torch.cat([a, b])\n")
-    assert flow.file_flow(ff.ctx) is ff
+    assert file_flow(ff.ctx) is ff
     sc = ff.module_scope()
     assert ff.module_scope() is sc
     assert len(sc.method_calls("numpy")) == 1 and len(sc.calls_named("to")) == 1
     assert len(sc.calls_named("cat")) == 1
     assert ff.mentions(ff.ctx.tree, ".numpy(") and not ff.mentions(ff.ctx.tree, "backward(")
-    assert list(flow.scopes_with(ff, "numpy")) == [ff.ctx.tree]
+    assert list(scopes_with(ff, "numpy")) == [ff.ctx.tree]
 
 
 def test_deep_nesting_and_odd_syntax_do_not_crash() -> None:
@@ -390,7 +390,7 @@ del w
 
 def test_many_functions_use_one_index_of_calls() -> None:
     # past FileFlow.TEXT_SCANS names, call sites come from one walk of the tree
-    count = flow.FileFlow.TEXT_SCANS + 8
+    count = FileFlow.TEXT_SCANS + 8
     source = HEADER + "net = nn.Linear(4, 2).to(device)\nval = DataLoader(ds)\n"
     for i in range(count):
         source += f"def run{i}(model, loader):\n    for x, y in loader:\n        model(x)\n"
@@ -405,3 +405,50 @@ def test_many_functions_use_one_index_of_calls() -> None:
         else:
             assert seeded["model"].place is Place.DEVICE, i
     assert ff._uses_indexed
+
+
+# -- calls followed with what they pass ------------------------------------------------------
+def test_a_helper_returns_a_tensor_where_its_arguments_are() -> None:
+    sc = scope(
+        """
+        def reduce_mean(out, target):
+            return torch.abs(out - target).mean()
+
+        x = torch.randn(4).to(device)
+        loss = reduce_mean(x, x * 2)
+        """
+    )
+    held = value_of(sc, "reduce_mean(x, x * 2)")
+    assert (held.kind, held.place) == (Kind.TENSOR, Place.DEVICE)
+
+
+def test_a_cpu_and_a_device_argument_meeting_in_a_helper_meet_at_the_call() -> None:
+    sc = scope(
+        """
+        def combine(a, b):
+            return torch.cat([a, b])
+
+        x = torch.randn(4).to(device)
+        both = combine(x, torch.zeros(4))
+        apart = combine(x, x)
+        """
+    )
+    (m,) = sc.mismatches
+    assert m.via == "call" and m.site.lineno == 11  # type: ignore[attr-defined]
+    assert "`combine` combines its `b`" in m.path and "(line 8)" in m.path
+
+
+def test_recursive_helpers_end_and_stay_quiet() -> None:
+    sc = scope(
+        """
+        def ping(a, b, n):
+            return pong(b, a, n - 1) if n else a
+
+        def pong(a, b, n):
+            return ping(b, a, n - 1) if n else b
+
+        x = torch.randn(4).to(device)
+        y = ping(x, torch.zeros(4), 10)
+        """
+    )
+    assert sc.mismatches == []  # nothing combines them; the recursion is cut, not followed

@@ -8,10 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from torchdoctor.check import loops
+from torchdoctor.check.analysis.events import (
+    BACKWARD,
+    CALL,
+    CLIP,
+    SCALER_STEP,
+    SCALER_UPDATE,
+    UNSCALE,
+    ZERO,
+    can_follow,
+    counter_condition,
+    is_accumulation,
+    same_path,
+    unconditional_in,
+)
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.mode_state import ENTRY, EVAL
+from torchdoctor.check.analysis.names import is_eval_iterable, is_eval_name
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.engine import check_source
-from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rules_by_code
 
 MY_RULES = [
@@ -33,13 +50,13 @@ MY_RULES = [
 ]
 
 
-def file_loops(source: str, path: str = "train.py") -> loops.FileLoops:
+def file_loops(source: str, path: str = "train.py") -> FileLoops:
     source = textwrap.dedent(source)
-    ctx = FileContext(path, source, ast.parse(source), ProjectIndex.build([source]))
-    return loops.analysis(ctx)
+    ctx = FileContext(path, source, ast.parse(source), build_project([source]))
+    return analysis(ctx)
 
 
-def function(fl: loops.FileLoops, name: str) -> loops.FunctionInfo:
+def function(fl: FileLoops, name: str) -> FunctionInfo:
     return next(fi for fi in fl.functions if fi.name == name)
 
 
@@ -66,7 +83,7 @@ def function(fl: loops.FileLoops, name: str) -> loops.FunctionInfo:
     ],
 )
 def test_eval_names(name: str, expected: bool) -> None:
-    assert loops.is_eval_name(name) is expected
+    assert is_eval_name(name) is expected
 
 
 @pytest.mark.parametrize(
@@ -82,7 +99,7 @@ def test_eval_names(name: str, expected: bool) -> None:
     ],
 )
 def test_eval_iterables(text: str, expected: bool) -> None:
-    assert loops.is_eval_iterable(text) is expected
+    assert is_eval_iterable(text) is expected
 
 
 def test_model_keys_are_objects_not_classes_or_builders() -> None:
@@ -122,25 +139,25 @@ def test_events_in_program_order_with_their_loops_and_branches() -> None:
                     optimizer.zero_grad(set_to_none=True)
         """
     )
-    events = [e for e in fl.events(function(fl, "train")) if e.kind != loops.CALL]
+    events = [e for e in fl.events(function(fl, "train")) if e.kind != CALL]
     assert [e.kind for e in events] == [
-        loops.BACKWARD,
-        loops.UNSCALE,
-        loops.CLIP,
-        loops.SCALER_STEP,
-        loops.SCALER_UPDATE,
-        loops.ZERO,
+        BACKWARD,
+        UNSCALE,
+        CLIP,
+        SCALER_STEP,
+        SCALER_UPDATE,
+        ZERO,
     ]
     backward, _, _, step, _, zero = events
     assert backward.scaler == "scaler" and ast.unparse(backward.expr) == "loss / accum"
     assert backward.autocast is None  # the backward is after the `with` block
     assert step.target == "optimizer" and zero.subject == "optimizer"
     loop = backward.loops()[0]
-    assert loops.unconditional_in(backward, loop) and not loops.unconditional_in(step, loop)
-    counter = loops.counter_condition(step, loop)
+    assert unconditional_in(backward, loop) and not unconditional_in(step, loop)
+    counter = counter_condition(step, loop)
     assert counter is not None and ast.unparse(counter.right) == "accum"
-    assert loops.is_accumulation(events, step, loop)
-    assert loops.can_follow(backward, step) and not loops.can_follow(step, backward)
+    assert is_accumulation(events, step, loop)
+    assert can_follow(backward, step) and not can_follow(step, backward)
 
 
 def test_paths_exclude_other_branches_and_code_after_continue() -> None:
@@ -159,13 +176,11 @@ def test_paths_exclude_other_branches_and_code_after_continue() -> None:
                 optimizer.step()
         """
     )
-    scaled, plain, zero, step = [
-        e for e in fl.events(function(fl, "train")) if e.kind != loops.CALL
-    ]
-    assert not loops.same_path(scaled, plain)
-    assert loops.can_follow(scaled, step) and loops.can_follow(plain, step)
-    assert loops.can_follow(plain, zero)
-    assert not loops.can_follow(zero, step)  # `continue` ends that branch
+    scaled, plain, zero, step = [e for e in fl.events(function(fl, "train")) if e.kind != CALL]
+    assert not same_path(scaled, plain)
+    assert can_follow(scaled, step) and can_follow(plain, step)
+    assert can_follow(plain, zero)
+    assert not can_follow(zero, step)  # `continue` ends that branch
 
 
 def test_backward_inside_a_named_autocast_context() -> None:
@@ -179,7 +194,7 @@ def test_backward_inside_a_named_autocast_context() -> None:
             other.backward()
         """
     )
-    backwards = [e for e in fl.events(fl.module) if e.kind == loops.BACKWARD]
+    backwards = [e for e in fl.events(fl.module) if e.kind == BACKWARD]
     assert [e.autocast is not None for e in backwards] == [True, False]
 
 
@@ -196,7 +211,7 @@ def test_summary_of_a_function_that_sets_eval_mode() -> None:
     )
     summary = fl.summary(function(fl, "evaluate"))
     assert summary is not None
-    assert {o.mode for o in summary.exit["model"]} == {loops.EVAL}
+    assert {o.mode for o in summary.exit["model"]} == {EVAL}
     assert summary.evals == {}  # it runs `model` in a mode it chose itself
 
 
@@ -226,8 +241,8 @@ def test_modes_follow_calls_and_loops() -> None:
     (step,) = result.steps
     assert step.key == "model"
     modes = {o.mode: o for o in step.origins}
-    assert set(modes) == {loops.ENTRY, loops.EVAL}  # first epoch / later epochs
-    assert "validate()" in modes[loops.EVAL].what and modes[loops.EVAL].line == 16
+    assert set(modes) == {ENTRY, EVAL}  # first epoch / later epochs
+    assert "validate()" in modes[EVAL].what and modes[EVAL].line == 16
 
 
 def test_none_checks_prune_the_path_where_a_model_is_absent() -> None:
@@ -244,8 +259,8 @@ def test_none_checks_prune_the_path_where_a_model_is_absent() -> None:
         """
     )
     forwards = {fc.key: fc for fc in fl.modes(function(fl, "validate")).forwards}
-    assert {o.mode for o in forwards["encoder"].origins} == {loops.EVAL}
-    assert {o.mode for o in forwards["decoder"].origins} == {loops.EVAL}
+    assert {o.mode for o in forwards["encoder"].origins} == {EVAL}
+    assert {o.mode for o in forwards["decoder"].origins} == {EVAL}
 
 
 def test_deeply_nested_code_stops_at_the_budget() -> None:

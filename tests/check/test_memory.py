@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from torchdoctor.check import loops
+from torchdoctor.check.analysis import file_loops
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.engine import check_source
-from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def collector_off() -> Iterator[None]:
 def _check_all(paths: list[Path]) -> int:
     """Check `paths` as one project; the objects the cyclic GC then finds unreachable."""
     sources = [(str(p), p.read_text(encoding="utf-8")) for p in paths]
-    project = ProjectIndex.build(text for _, text in sources)
+    project = build_project(text for _, text in sources)
     rules = list(rule_classes())
     findings = 0
     for path, text in sources:
@@ -68,8 +68,8 @@ def test_siblings_dropped_from_the_cache_are_freed_too(
 ) -> None:
     # each script imports an evaluate() from its own module: with a cache of two,
     # checking five scripts drops three sibling analyses from it
-    monkeypatch.setattr(loops, "_SIBLING_LIMIT", 2)
-    monkeypatch.setattr(loops, "_SIBLINGS", type(loops._SIBLINGS)())
+    monkeypatch.setattr(file_loops, "_SIBLING_LIMIT", 2)
+    monkeypatch.setattr(file_loops, "_SIBLINGS", type(file_loops._SIBLINGS)())
     scripts = []
     for i in range(5):
         (tmp_path / f"engine{i}.py").write_text(
@@ -88,4 +88,4 @@ def test_siblings_dropped_from_the_cache_are_freed_too(
         )
         scripts.append(script)
     assert _check_all(scripts) == 0
-    assert len(loops._SIBLINGS) == 2
+    assert len(file_loops._SIBLINGS) == 2

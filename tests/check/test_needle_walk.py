@@ -14,8 +14,8 @@ from typing import ClassVar
 
 import pytest
 
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.engine import check_source
-from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Rule
 
@@ -70,7 +70,7 @@ class _AllCalls(_SeenCalls):
 
 def _seen(*rules: type[Rule]) -> list[tuple[str, str | None]]:
     _SeenCalls.seen.clear()
-    check_source(SOURCE, "x.py", rules, ProjectIndex.build([SOURCE]))
+    check_source(SOURCE, "x.py", rules, build_project([SOURCE]))
     return sorted(set(_SeenCalls.seen), key=str)
 
 
@@ -95,7 +95,7 @@ def test_a_visiting_rule_without_needles_walks_the_whole_tree() -> None:
 
 def _all_findings(paths: list[Path]) -> list[tuple[str, str, int, int]]:
     sources = [(str(p), p.read_text(encoding="utf-8")) for p in paths]
-    project = ProjectIndex.build(text for _, text in sources)
+    project = build_project(text for _, text in sources)
     rules = list(rule_classes())
     return sorted(
         (path, f.code, f.line, f.column)

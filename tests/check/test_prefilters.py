@@ -1,18 +1,27 @@
-"""The cheap prefilters in loops.py must keep every name the full word tests accept."""
+"""The cheap prefilters in analysis/names.py must keep every name the full word tests accept."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from torchdoctor.check import loops
+from torchdoctor.check.analysis.names import (
+    _EVAL_DATA_WORDS,
+    _EVALISH_PIECES,
+    _MODELISH_PIECES,
+    EVAL_WORDS,
+    _evalish_identifier,
+    _lines_with,
+    _modelish_word,
+)
+from torchdoctor.check.analysis.project_facts import build_project
 
 
 def _identifiers() -> set[str]:
     names = set()
     for path in (Path(__file__).parent / "fixtures").rglob("*.py"):
         names |= set(re.findall(r"[A-Za-z_]\w*", path.read_text(encoding="utf-8")))
-    for word in loops.EVAL_WORDS | loops._EVAL_DATA_WORDS:
+    for word in EVAL_WORDS | _EVAL_DATA_WORDS:
         names |= {word, word.upper(), f"run_{word}", f"{word.capitalize()}Loader", f"x{word}y"}
     names |= {"G", "d", "netD", "policy_net", "ResNet50", "model_ema", "MyEncoder", "critic2"}
     return names
@@ -21,18 +30,18 @@ def _identifiers() -> set[str]:
 def test_prefilters_keep_every_eval_and_model_name() -> None:
     names = _identifiers()
     joined = "\n".join(sorted(names))
-    evalish = loops._lines_with(loops._EVALISH_PIECES, joined)
-    modelish = loops._lines_with(loops._MODELISH_PIECES, joined) | (names & {"G", "D"})
-    assert {n for n in names if loops._evalish_identifier(n)} <= evalish
-    assert {n for n in names if loops._modelish_word(n)} <= modelish
+    evalish = _lines_with(_EVALISH_PIECES, joined)
+    modelish = _lines_with(_MODELISH_PIECES, joined) | (names & {"G", "D"})
+    assert {n for n in names if _evalish_identifier(n)} <= evalish
+    assert {n for n in names if _modelish_word(n)} <= modelish
     # and they do filter: most names are neither
     assert len(evalish | modelish) < len(names) / 2
 
 
 def test_prefilter_on_names_whose_lower_case_is_longer() -> None:
     names = "İval\nx\nvalidate\nmodel_İ"  # "İ".lower() is two characters
-    assert loops._lines_with(loops._EVALISH_PIECES, names) == {"İval", "validate"}
-    assert loops._lines_with(loops._MODELISH_PIECES, names) == {"model_İ"}
+    assert _lines_with(_EVALISH_PIECES, names) == {"İval", "validate"}
+    assert _lines_with(_MODELISH_PIECES, names) == {"model_İ"}
 
 
 def test_holds_answers_as_a_plain_substring_test() -> None:
@@ -41,7 +50,6 @@ def test_holds_answers_as_a_plain_substring_test() -> None:
     import ast
 
     from torchdoctor.check.context import FileContext
-    from torchdoctor.check.project import ProjectIndex
     from torchdoctor.check.registry import rule_classes
 
     odd = '3d_conv = éval_x + model.to(dev)[0] # "cuda:0" x.cuda.amp\nnet2.forward(y)\n'
@@ -54,7 +62,7 @@ def test_holds_answers_as_a_plain_substring_test() -> None:
     checked = 0
     for source in sources:
         # (holds reads only the text: the odd source need not parse)
-        ctx = FileContext("x.py", source, ast.parse(""), ProjectIndex.build([]))
+        ctx = FileContext("x.py", source, ast.parse(""), build_project([]))
         for needle in needles:
             assert ctx.holds(needle) == (needle in source), (needle, source[:60])
             checked += needle in source

@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.engine import RunOptions, apply_noqa, check_source, check_text
 from torchdoctor.check.fix import apply_edits, fixable
-from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding
 
@@ -206,9 +206,7 @@ def _fix_pass(text: str) -> tuple[str, list[Finding]]:
 def _fix(source: str) -> tuple[str, int]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _, text, fixed = check_text(
-            source, "generated.py", RULES, ProjectIndex.build([source]), FIX_ALL
-        )
+        _, text, fixed = check_text(source, "generated.py", RULES, build_project([source]), FIX_ALL)
     return text, fixed
 
 

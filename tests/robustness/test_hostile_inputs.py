@@ -37,6 +37,8 @@ READABLE: dict[str, tuple[bytes, int]] = {
         4,
     ),
     "no_final_newline.py": (b"import torch\n" + LOAD, 2),
+    # a codec a .pth file registers at start-up (future_fstrings): read as UTF-8
+    "unknown_cookie_utf8.py": (b"# coding: future_fstrings\nimport torch\n" + LOAD + b"\n", 3),
     "deep_if.py": (
         b"import torch\n"
         + b"".join(b" " * i + b"if x:\n" for i in range(90))
@@ -59,7 +61,8 @@ READABLE: dict[str, tuple[bytes, int]] = {
 # file name -> (bytes, words the TD001 message must contain)
 BROKEN: dict[str, tuple[bytes, str]] = {
     "not_utf8.py": (b"import torch\nname = '\xff\xfe'\n" + LOAD + b"\n", "decode"),
-    "unknown_cookie.py": (b"# coding: klingon\nimport torch\n", "klingon"),
+    # a codec this Python lacks, and text that is not UTF-8 either
+    "unknown_cookie.py": (b"# coding: klingon\nimport torch\nname = '\xff'\n", "decode"),
     "bom_and_latin1_cookie.py": (b"\xef\xbb\xbf# coding: latin-1\nimport torch\n", "decode"),
     "nul_byte.py": (b"import torch\x00\n" + LOAD + b"\n", "null bytes"),
     "mixed_tabs.py": (b"if True:\n\tx = 1\n        y = 2\n", "tabs and spaces"),

@@ -5,20 +5,17 @@ from __future__ import annotations
 import ast
 import bisect
 import functools
-import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from torchdoctor.check.rule import Edit, Finding, Fix, FixAvailability
-
-if TYPE_CHECKING:
-    from torchdoctor.check.project import ProjectIndex
+from torchdoctor.check.findings import Edit, Finding, Fix, FixAvailability
+from torchdoctor.check.lines import line_starts, split_lines
+from torchdoctor.check.project import ProjectIndex
 
 _T = TypeVar("_T")
 
 # ast counts lines at \n, \r\n and \r only (str.splitlines also splits at \f, \x1c, ...).
-_NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
 def collect_imports(tree: ast.Module) -> dict[str, str]:
@@ -352,26 +349,29 @@ class FileContext:
 
     def is_module_class(self, cls: ast.ClassDef) -> bool:
         """Whether `cls` subclasses torch.nn.Module (through this file or the project)."""
-        return self.project.is_module_class(cls, self)
+        if cls.name in self.project.module_classes:
+            return True
+        for base in cls.bases:
+            qual = self.qualname(base)
+            if qual is None:
+                continue
+            if qual.startswith("torch.nn.") and qual.rsplit(".", 1)[-1][:1].isupper():
+                return True
+            if self.project.is_module_class_name(qual):
+                return True
+        return False
 
     # -- positions ----------------------------------------------------------
     @property
     def lines(self) -> list[str]:
         """Source lines without their line endings (index 0 is line 1)."""
         if self._lines is None:
-            source = self.source
-            self._lines = source.split("\n") if "\r" not in source else _NEWLINE.split(source)
+            self._lines = split_lines(self.source)
         return self._lines
 
     def _starts(self) -> list[int]:
         if self._line_starts is None:
-            if "\r" in self.source:
-                starts = [0]
-                starts.extend(m.end() for m in _NEWLINE.finditer(self.source))
-            else:  # the common case, without a Python-level loop: 1 + len(line) each
-                sizes = map(len, self.lines[:-1])
-                starts = list(itertools.accumulate(map((1).__add__, sizes), initial=0))
-            self._line_starts = starts
+            self._line_starts = line_starts(self.source, self.lines)
         return self._line_starts
 
     def char_column(self, line: int, byte_col: int) -> int:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import ast
-import io
 import re
 import sys
-import tokenize
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings
 from torchdoctor.check.context import (
     OPERATOR_TYPES,
@@ -21,10 +20,12 @@ from torchdoctor.check.context import (
     spans_a_line,
 )
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
+from torchdoctor.check.lines import NEWLINE, as_lf, split_lines
 from torchdoctor.check.parse import parse_module
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
+from torchdoctor.check.source_text import decode_source
 
 if TYPE_CHECKING:
     from torchdoctor.check.notebook import Notebook
@@ -47,7 +48,6 @@ _FILE_NOQA = re.compile(
     re.I | re.M,
 )
 _CODE = re.compile(r"[A-Z]+[0-9]+", re.I)
-_NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass
@@ -87,13 +87,6 @@ class FileResult:
 
 
 # -- reading ------------------------------------------------------------------------
-def decode_source(data: bytes) -> str:
-    """Decode Python source like the interpreter does (BOM, coding cookie, UTF-8)."""
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-    text = data.decode(encoding)
-    return text.removeprefix("\ufeff")
-
-
 def syntax_error_finding(message: str, line: int = 1, column: int = 1) -> Finding:
     return Finding(
         code="TD001",
@@ -124,7 +117,7 @@ def check_source(
     `tree` may be passed when the caller already parsed `source` (the flake8 plugin).
     """
     # (the regex is slow on long files: first a test any spelling of "noqa" passes)
-    if any(qa in source for qa in ("qa", "qA", "Qa", "QA")) and _FILE_NOQA.search(source):
+    if any(qa in source for qa in ("qa", "qA", "Qa", "QA")) and _FILE_NOQA.search(as_lf(source)):
         file_noqa = _file_noqa_codes(source)
         if file_noqa is None:
             return []
@@ -144,7 +137,7 @@ def check_source(
         # the parser's stack overflow is a MemoryError with no message
         reason = str(exc) or f"{type(exc).__name__} (nested too deeply for the parser?)"
         return [syntax_error_finding(f"cannot parse: {reason}; the file was not checked")]
-    project = project if project is not None else ProjectIndex.build([source])
+    project = project if project is not None else build_project([source])
     ctx = FileContext(path, source, tree, project, target_version=target_version)
     # a trigger that several rules share (`backward`, `forward`) is looked for once
     present: dict[str, bool] = {}
@@ -283,7 +276,7 @@ def _needle_lines(ctx: FileContext, active: list[Rule]) -> list[int] | None:
 def _file_noqa_codes(source: str) -> frozenset[str] | None:
     """None: the whole file is suppressed; else the codes suppressed file-wide."""
     codes: set[str] = set()
-    for match in _FILE_NOQA.finditer(source):
+    for match in _FILE_NOQA.finditer(as_lf(source)):
         if not match.group("codes"):
             return None
         codes.update(c.upper() for c in _CODE.findall(match.group("codes")))
@@ -295,7 +288,7 @@ def noqa_map(source: str) -> dict[int, frozenset[str] | None]:
     result: dict[int, frozenset[str] | None] = {}
     if "noqa" not in source.lower():
         return result
-    for lineno, line in enumerate(source.splitlines(), start=1):
+    for lineno, line in enumerate(split_lines(source), start=1):
         if "#" not in line:
             continue
         match = _NOQA.search(line)
@@ -390,7 +383,7 @@ def check_text(
 
 def first_newline(source: str) -> str:
     """The file's line ending, judged by its first line (as ruff does); `\n` if none."""
-    match = _NEWLINE.search(source)
+    match = NEWLINE.search(source)
     return match.group() if match else "\n"
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from torchdoctor.check.rule import Edit, Finding, FixAvailability
+from torchdoctor.check.source_text import source_encoding
 
 
 def fixable(finding: Finding, unsafe: bool) -> bool:
@@ -136,10 +137,7 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 def encode_like(original: bytes, text: str) -> bytes:
     """Encode `text` with the encoding (and BOM) the original bytes used."""
-    import io
-    import tokenize
-
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(original).readline)
+    encoding = source_encoding(original)
     if encoding == "utf-8-sig":
         return b"\xef\xbb\xbf" + text.encode("utf-8")
     return text.encode(encoding)

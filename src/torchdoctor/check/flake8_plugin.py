@@ -17,9 +17,9 @@ from typing import Any
 
 from torchdoctor import __version__
 from torchdoctor.catalog import catalog
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings, find_config, load_settings
 from torchdoctor.check.engine import RunOptions, check_source, rules_for
-from torchdoctor.check.project import ProjectIndex
 from torchdoctor.errors import TorchDoctorError
 
 
@@ -56,7 +56,7 @@ class Flake8Plugin:
             source,
             str(path),
             rules_for(path, settings, options),
-            ProjectIndex.build([source]),
+            build_project([source]),
             target_version=options.target_version,
             tree=self.tree if isinstance(self.tree, ast.Module) else None,
         )

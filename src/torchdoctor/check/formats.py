@@ -10,6 +10,7 @@ from typing import Any, TextIO
 from torchdoctor import __version__
 from torchdoctor.catalog import RuleInfo, catalog
 from torchdoctor.check.engine import FileResult
+from torchdoctor.check.lines import row_col
 from torchdoctor.check.rule import Finding
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -64,12 +65,7 @@ def _artifact(path: str) -> dict[str, Any]:
 
 
 def _region_of_offsets(source: str, start: int, end: int) -> dict[str, int]:
-    def row_col(offset: int) -> tuple[int, int]:
-        before = source[:offset]
-        line = before.count("\n") + 1  # CRLF counts once; a lone CR file is not worth it
-        return line, offset - (before.rfind("\n") + 1) + 1
-
-    (line, col), (end_line, end_col) = row_col(start), row_col(end)
+    (line, col), (end_line, end_col) = row_col(source, start), row_col(source, end)
     return {"startLine": line, "startColumn": col, "endLine": end_line, "endColumn": end_col}
 
 

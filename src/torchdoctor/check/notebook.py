@@ -18,11 +18,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchdoctor.check.lines import split_lines
 from torchdoctor.errors import TorchDoctorError
 
 # Ends every cell in the virtual module (a comment: it changes nothing for Python).
 CELL_BREAK = "# %% torchdoctor cell break"
-_NEWLINE = re.compile(r"\r\n|\r|\n")
 # IPython-only lines: `%time x`, `!pip install`, `?obj`, `obj?`, `files = !ls`, `x = %env`.
 _MAGIC = re.compile(
     r"^\s*(?:[%!?]|[\w.]+\?{1,2}\s*$|[\w.,\s]+=\s*[%!]\w)",
@@ -82,7 +82,7 @@ def read_notebook(text: str) -> Notebook:
             continue
         code = _join_source(raw["source"])
         assert code is not None  # _malformed checked it
-        cell = Cell(index, code, _NEWLINE.split(code) if code else [])
+        cell = Cell(index, code, split_lines(code) if code else [])
         _blank_ipython(cell)
         cells.append(cell)
         virtual.extend(cell.lines)
@@ -157,7 +157,7 @@ def _blank_ipython(cell: Cell) -> None:
 
 def cell_codes(notebook: Notebook, virtual: str) -> list[str]:
     """Each code cell's code in a (fixed) virtual module, IPython lines restored."""
-    lines = _NEWLINE.split(virtual)
+    lines = split_lines(virtual)
     chunks: list[list[str]] = [[]]
     for line in lines:
         if line == CELL_BREAK:

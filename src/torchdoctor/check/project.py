@@ -7,16 +7,12 @@ another are both known to be modules, through any chain of inheritance.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from torchdoctor.check.context import FileContext
-    from torchdoctor.check.project_facts import CallFact
+from torchdoctor.check.analysis.values import Value
+from torchdoctor.check.lines import as_lf
 
 # `class Name(bases...)`: bases may span lines; nested brackets are rare in bases.
 CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^()]*)\)", re.MULTILINE)
@@ -49,7 +45,7 @@ def scan_classes(source: str) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     if "class" not in source:
         return found
-    for match in CLASS_HEADER.finditer(source):
+    for match in CLASS_HEADER.finditer(as_lf(source)):
         bases = []
         for part in match.group(2).split(","):
             part = part.strip()
@@ -59,6 +55,17 @@ def scan_classes(source: str) -> dict[str, list[str]]:
     return found
 
 
+@dataclass(frozen=True)
+class CallFact:
+    """One call of a function (or class) of the project, seen in another file."""
+
+    callee: str
+    path: str
+    args: tuple[Value, ...]
+    keywords: tuple[tuple[str, Value], ...]
+    opaque: bool  # *args / **kwargs at the call: positions unknown
+
+
 @dataclass
 class ProjectIndex:
     """Class facts for the whole checked tree."""
@@ -66,32 +73,10 @@ class ProjectIndex:
     bases: dict[str, set[str]] = field(default_factory=dict)
     module_classes: frozenset[str] = frozenset()
     # Callee name -> calls of it in other files that pass a moved model or a loader
-    # (project_facts.py; used by the device rules' dataflow).
+    # (analysis/project_facts.py; used by the device rules' dataflow).
     call_facts: dict[str, tuple[CallFact, ...]] = field(default_factory=dict)
     # Classes that move data to the device themselves (project_facts.moving_classes).
     moving_classes: frozenset[str] = frozenset()
-
-    @classmethod
-    def build(cls, sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
-        """Index `sources`: texts, or (path, text) pairs (paths name files in messages)."""
-        from torchdoctor.check import project_facts
-
-        index = cls()
-        candidates: list[tuple[str, str]] = []
-        moving: set[str] = set()
-        count = 0
-        for item in sources:
-            path, source = item if isinstance(item, tuple) else ("", item)
-            index.add(scan_classes(source))
-            moving |= project_facts.moving_classes(source)
-            count += 1
-            if project_facts.is_candidate(source):
-                candidates.append((path, source))
-        index.moving_classes = frozenset(moving)
-        index.resolve()
-        if candidates and count > 1:  # a lone file sees its own calls directly
-            index.call_facts = project_facts.collect(index, candidates)
-        return index
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -123,23 +108,17 @@ class ProjectIndex:
         if self.moving_classes:
             text += "\nmoving:" + ",".join(sorted(self.moving_classes))
         if self.call_facts:  # and whenever the cross-file call facts change
-            from torchdoctor.check import project_facts
-
-            text += "\n" + project_facts.digest(self.call_facts)
+            text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def is_module_class_name(self, name: str) -> bool:
         return name.rsplit(".", 1)[-1] in self.module_classes or _base_is_torch_module(name)
 
-    def is_module_class(self, cls: ast.ClassDef, ctx: FileContext) -> bool:
-        if cls.name in self.module_classes:
-            return True
-        for base in cls.bases:
-            qual = ctx.qualname(base)
-            if qual is None:
-                continue
-            if qual.startswith("torch.nn.") and qual.rsplit(".", 1)[-1][:1].isupper():
-                return True
-            if self.is_module_class_name(qual):
-                return True
-        return False
+
+def digest(facts: dict[str, tuple[CallFact, ...]]) -> str:
+    """A stable text digest of the facts (part of the cache fingerprint)."""
+    lines = []
+    for name in sorted(facts):
+        for fact in facts[name]:
+            lines.append(repr((name, fact.path, fact.args, fact.keywords, fact.opaque)))
+    return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:16]

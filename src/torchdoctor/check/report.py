@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -13,9 +12,8 @@ from typing import Any, TextIO
 from torchdoctor.catalog import catalog
 from torchdoctor.check.engine import FileResult
 from torchdoctor.check.formats import write_github, write_sarif
+from torchdoctor.check.lines import NEWLINE, split_lines
 from torchdoctor.check.rule import Finding
-
-_NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
 def use_colour(stream: TextIO) -> bool:
@@ -83,7 +81,7 @@ def _edit_dict(
 
 def _row_col(source: str, offset: int) -> tuple[int, int]:
     before = source[:offset]
-    breaks = list(_NEWLINE.finditer(before))
+    breaks = list(NEWLINE.finditer(before))
     row = len(breaks) + 1
     col = offset - (breaks[-1].end() if breaks else 0) + 1
     return row, col
@@ -105,7 +103,7 @@ def write_text(results: Sequence[FileResult], out: TextIO) -> None:
     style = _Style(use_colour(out))
     entries = catalog()
     for r in results:
-        lines = _NEWLINE.split(r.source) if r.source is not None else []
+        lines = split_lines(r.source) if r.source is not None else []
         for f in r.findings:
             info = entries.get(f.code)
             fix_mark = " [*]" if f.fix is not None else ""

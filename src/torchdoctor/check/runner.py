@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.cache import ResultCache, file_key
 from torchdoctor.check.config import Settings
 from torchdoctor.check.engine import (
@@ -99,7 +100,7 @@ def run_check(
         use_cache = False
     else:
         sources = [load_source(path) for path in discover(paths, settings)]
-    project = ProjectIndex.build((str(s.path), s.text) for s in sources if s.text is not None)
+    project = build_project((str(s.path), s.text) for s in sources if s.text is not None)
     cache = ResultCache(settings.root) if use_cache else None
     fingerprint = project.fingerprint()
 

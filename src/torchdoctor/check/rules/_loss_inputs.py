@@ -9,9 +9,12 @@ from __future__ import annotations
 import ast
 import re
 
-from torchdoctor.check import flow
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis, sibling_file
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.context import FileContext, iter_children, spans_a_line, walk
-from torchdoctor.check.loops import FileLoops, FunctionInfo, analysis, dotted, sibling_file
 
 SOFTMAX = "softmax"
 LOG_SOFTMAX = "log_softmax"
@@ -226,8 +229,8 @@ def _model_output(
 ) -> tuple[str, str] | None:
     """`model(x)` where model's class ends its forward with a softmax/sigmoid."""
     ctx = fl.ctx
-    held = flow.file_flow(ctx).scope(fi.node).value(func)
-    if held.kind is not flow.Kind.MODULE or not held.cls:
+    held = file_flow(ctx).scope(fi.node).value(func)
+    if held.kind is not Kind.MODULE or not held.cls:
         return None
     source = held.source
     if isinstance(source, ast.Call):

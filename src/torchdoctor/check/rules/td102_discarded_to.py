@@ -4,9 +4,11 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check import flow
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.syntax import lines_matching
+from torchdoctor.check.analysis.values import Kind, Move, Place
 from torchdoctor.check.context import walk
-from torchdoctor.check.flow import Kind, Move, Place, ScopeFlow
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 # A statement that starts with a move: `x.to(device)`, `batch[0].cuda()`.
@@ -69,10 +71,10 @@ class DiscardedTo(Rule):
 
     def finish(self) -> None:
         # only scopes with a line that starts with `x.to(`/`x.cuda(`/`x.cpu(` can drop one
-        lines = flow.lines_matching(self.ctx, _MOVES, _STATEMENT_MOVE)
+        lines = lines_matching(self.ctx, _MOVES, _STATEMENT_MOVE)
         if not lines:
             return
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         for node in dict.fromkeys(ff.innermost_scope(line) for line in lines):
             scope = ff.scope(node, callers=False)
             for move in scope.moves:

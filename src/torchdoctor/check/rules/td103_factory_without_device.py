@@ -3,9 +3,14 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check import flow
-from torchdoctor.check.flow import AnyFunction, Mismatch, ScopeFlow
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
+from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch, Place
 from torchdoctor.check.rule import Rule, Severity
+
+# `torch.zeros(`, `th.FloatTensor(`: how a factory call reads, whatever torch is imported as
+_FACTORY_CALLS = tuple(f".{name}(" for name in sorted(FACTORIES | LEGACY_CONSTRUCTORS))
 
 _LIKE_FORM = {
     "zeros": "new_zeros",
@@ -59,21 +64,32 @@ class FactoryWithoutDevice(Rule):
     name = "factory-without-device"
     category = "device"
     severity = Severity.ERROR
-    triggers: ClassVar[tuple[str, ...]] = ("forward",)
+    triggers: ClassVar[tuple[str, ...]] = ("forward", ".to(", ".cuda(", "device")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
+        # a value proven on the device comes from a move or a `device=` in this file
+        moves = any(m in self.ctx.source for m in (".to(", ".cuda(", "device="))
         for func in ff.functions():
             cls = ff.class_of(func)
             if cls is None or not ff.is_module_class(cls):
+                if not moves:
+                    continue
+                # a loss, metric or plotting helper: its factory meets tensors its
+                # callers proved to be on the device
+                # (only where a device value can come from: its own code, or callers here)
+                if ff.mentions(func, *_FACTORY_CALLS) and (
+                    ff.mentions(func, *ff.FACT_WORDS) or ff.called_in_file(func)
+                ):
+                    self._check(func, None, ff.scope(func))
                 continue
             forward = ff.methods(cls).get("forward")
             if forward is None:
                 continue
             if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
                 continue
-            if not ff.mentions(func, "torch.", *flow.FACTORIES):
+            if not ff.mentions(func, "torch.", *FACTORIES, *LEGACY_CONSTRUCTORS):
                 makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
                     f"self.{m.name}("
                     for m in ff.methods(cls).values()
@@ -83,7 +99,7 @@ class FactoryWithoutDevice(Rule):
                     continue
             self._check(func, forward, ff.scope(func, callers=False))
 
-    def _check(self, func: AnyFunction, forward: AnyFunction, scope: ScopeFlow) -> None:
+    def _check(self, func: AnyFunction, forward: AnyFunction | None, scope: ScopeFlow) -> None:
         reported: set[ast.AST] = set()
         # results moved on the spot (`f(torch.arange(n)).to(x.device)`): done on purpose
         moved_now = {id(m.receiver) for m in scope.moves if not m.dtype_only}
@@ -96,30 +112,40 @@ class FactoryWithoutDevice(Rule):
             inside = _inside(source, func) or any(
                 _inside(source, method) for method in self._helpers(func)
             )
-            if not inside or not m.other.is_input or id(m.site) in moved_now:
+            if forward is None:  # outside a module: the other side must be proven there
+                other = m.other
+                proven = not (other.assumed or other.maybe or other.is_input)
+                if not proven or other.place is not Place.DEVICE or other.kind is Kind.MODULE:
+                    continue
+            elif not m.other.is_input:
+                continue
+            if not inside or id(m.site) in moved_now:
                 continue
             qual = self.ctx.call_name(source) or ""
             factory = qual.rsplit(".", 1)[-1]
-            if not qual.startswith("torch.") or factory not in flow.FACTORIES:
+            legacy = factory in LEGACY_CONSTRUCTORS and qual.count(".") == 1
+            if not qual.startswith("torch.") or not (factory in FACTORIES or legacy):
                 continue
             reported.add(source)
             self.report(source, self._message(func, forward, m, qual, factory))
 
     def _helpers(self, func: AnyFunction) -> list[AnyFunction]:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         cls = ff.class_of(func)
         if cls is None:
             return []
         return [m for name, m in ff.methods(cls).items() if name != "__init__" and m is not func]
 
     def _message(
-        self, func: AnyFunction, forward: AnyFunction, m: Mismatch, qual: str, factory: str
+        self, func: AnyFunction, forward: AnyFunction | None, m: Mismatch, qual: str, factory: str
     ) -> str:
         device = m.other.device if m.other.device.endswith(".device") else ""
-        if isinstance(m.other_node, ast.Name) and m.other.kind is not flow.Kind.MODULE:
+        if forward is None:
+            device = device or m.other.device or "device"
+        if isinstance(m.other_node, ast.Name) and m.other.kind is not Kind.MODULE:
             device = f"{m.other_node.id}.device"  # the tensor it meets
         if not device:
-            first = _first_input(forward if func is not forward else func)
+            first = _first_input(forward if forward is not None else func)
             device = f"{first}.device" if first else "x.device"
         base = device.removesuffix(".device")
         met = self.ctx.segment(m.other_node)
@@ -137,11 +163,34 @@ class FactoryWithoutDevice(Rule):
             alternative = (
                 f" or `{like}(...)`" if like.startswith("torch.") else f" or `{base}.{like}(...)`"
             )
+        path = f", and {m.path}" if m.path else ""
+        if factory in LEGACY_CONSTRUCTORS:
+            dtype = _LEGACY_DTYPES.get(factory, "")
+            return (
+                f"`{qual}(...)` is a legacy constructor: it always makes its tensor on the CPU, "
+                f"and it {meets} (line {m.site.lineno}{path}), which fails once the model is "  # type: ignore[attr-defined]
+                f"on a GPU; use `torch.tensor(...{dtype}, device={device})`"
+                + ("" if dtype else f" for data, `torch.empty(..., device={device})` for sizes")
+            )
         return (
             f"`{qual}(...)` has no `device=`: it is made on the CPU and {meets} (line "
-            f"{m.site.lineno}), which fails once the model is on a GPU; pass "  # type: ignore[attr-defined]
+            f"{m.site.lineno}{path}), which fails once the model is on a GPU; pass "  # type: ignore[attr-defined]
             f"`device={device}`{alternative}"
         )
+
+
+_LEGACY_DTYPES = {
+    "FloatTensor": ", dtype=torch.float",
+    "DoubleTensor": ", dtype=torch.double",
+    "HalfTensor": ", dtype=torch.half",
+    "BFloat16Tensor": ", dtype=torch.bfloat16",
+    "LongTensor": ", dtype=torch.long",
+    "IntTensor": ", dtype=torch.int",
+    "ShortTensor": ", dtype=torch.short",
+    "ByteTensor": ", dtype=torch.uint8",
+    "CharTensor": ", dtype=torch.int8",
+    "BoolTensor": ", dtype=torch.bool",
+}
 
 
 def _inside(node: ast.AST, func: ast.AST | None) -> bool:

@@ -4,9 +4,11 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check import flow
+from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.values import AnyFunction, Kind, Place, Value
 from torchdoctor.check.context import walk
-from torchdoctor.check.flow import AnyFunction, FileFlow, Kind, Place, ScopeFlow, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 
@@ -64,7 +66,7 @@ class UnregisteredTensor(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         for func in ff.functions():
             if func.name != "__init__" or not ff.mentions(func, "torch", "tensor"):
                 continue
@@ -121,7 +123,7 @@ class UnregisteredTensor(Rule):
         attr: str,
         made_line: int,
         made_by: str,
-        user: tuple[str, int],
+        user: tuple[str, str],
         first: bool,
     ) -> None:
         method, line = user
@@ -129,7 +131,7 @@ class UnregisteredTensor(Rule):
         message = (
             f"`self.{attr}` is a plain tensor attribute ({made}), not a buffer: "
             f"`model.to(device)` leaves it on the CPU, where `{method}` uses it with tensors on "
-            f"the module's device (line {line}); "
+            f"the module's device ({line}); "
             f'register it with `self.register_buffer("{attr}", ..., persistent=False)`'
         )
         fix = None
@@ -149,8 +151,8 @@ class UnregisteredTensor(Rule):
 
 def _first_use(
     ff: FileFlow, methods: list[AnyFunction], attr: str, value: Value
-) -> tuple[str, int] | None:
-    """(method, line) where `self.attr` first meets a tensor on the module's device."""
+) -> tuple[str, str] | None:
+    """(method, "line N") where `self.attr` first meets a tensor on the module's device."""
     ordered = sorted(methods, key=lambda m: (m.name != "forward", m.lineno))
     for method in ordered:
         if not ff.mentions(method, f".{attr}"):
@@ -158,11 +160,12 @@ def _first_use(
         scope = ff.scope(method, callers=False)
         me = scope.self_name
         for m in sorted(scope.mismatches, key=lambda m: m.site.lineno):  # type: ignore[attr-defined]
-            held = flow.dotted(_root(m.cpu_node)) or ""
+            held = dotted(_root(m.cpu_node)) or ""
             if held == f"{me}.{attr}" or (
                 value.source is not None and m.cpu.source is value.source
             ):
-                return method.name, m.site.lineno  # type: ignore[attr-defined]
+                via = f"; {m.path}" if m.path else ""
+                return method.name, f"line {m.site.lineno}{via}"  # type: ignore[attr-defined]
     return None
 
 

@@ -4,9 +4,10 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check import flow
+from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.values import AnyFunction, Kind, Value
 from torchdoctor.check.context import walk
-from torchdoctor.check.flow import AnyFunction, FileFlow, Kind, ScopeFlow, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 
@@ -58,7 +59,7 @@ class PlainModuleContainer(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         for func in ff.functions():
             if func.name != "__init__" or not ff.mentions(func, "[", "{", "(", "append("):
                 continue

@@ -3,8 +3,10 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check import flow
-from torchdoctor.check.flow import Kind, Place, ScopeFlow, Value
+from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.torch_api import NUMPY_ARRAY_FACTORIES, NUMPY_CONVERTING
+from torchdoctor.check.analysis.values import Conversion, Kind, Place, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 # A file that turns gradients off globally: outputs there do not require grad.
@@ -54,16 +56,54 @@ class NumpyOnDevice(Rule):
     category = "device"
     severity = Severity.ERROR
     fix_availability = FixAvailability.SAFE
-    triggers: ClassVar[tuple[str, ...]] = (".numpy(",)
+    triggers: ClassVar[tuple[str, ...]] = (".numpy(", "numpy")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         grad_off = any(t in self.ctx.source for t in _GRAD_OFF)
-        for node in flow.scopes_with(ff, ".numpy("):
+        for node in scopes_with(ff, ".numpy("):
             scope = ff.scope(node)
             for call in scope.method_calls("numpy"):
                 self._check(scope, call, grad_off)
+        # implicit conversions: `np.isnan(t)`, `np.mean([losses])`, `array[i] = t`
+        calls = [
+            f"{local}.{name}(" if target == "numpy" else f"{local}("
+            for local, target in self.ctx.imports.items()
+            if target == "numpy" or target.startswith("numpy.")
+            for name in (NUMPY_CONVERTING | NUMPY_ARRAY_FACTORIES if target == "numpy" else [""])
+        ]
+        if calls:
+            for node in scopes_with(ff, *calls):
+                # only code that can hold a tensor on the device or one requiring grad
+                if ff.mentions(node, *_DEVICE_OR_GRAD):
+                    for conversion in ff.scope(node).conversions:
+                        self._check_conversion(conversion, grad_off)
+
+    def _check_conversion(self, conversion: Conversion, grad_off: bool) -> None:
+        held = conversion.value
+        if held.is_input or held.assumed or held.maybe:
+            return
+        on_device = held.place is Place.DEVICE
+        grad = held.grad and not grad_off
+        if not (on_device or grad):
+            return
+        reasons = []
+        if on_device:
+            reasons.append(f"is on `{held.device or 'the device'}`{_since(held)}")
+        if grad:
+            reasons.append("requires grad" + _why_grad(held))
+        text = " ".join(self.ctx.segment(conversion.node).split())
+        if len(text) > 40:
+            text = text[:37] + "..."
+        what = "the tensor assigned" if conversion.node is conversion.site else f"`{text}`"
+        insert = (".detach()" if grad else "") + (".cpu()" if held.place is not Place.CPU else "")
+        self.report(
+            conversion.site,
+            f"{what} {' and '.join(reasons)}: {conversion.how} converts it with `.numpy()`, "
+            f"which raises for such a tensor; convert it yourself with `{insert}.numpy()` "
+            "(or `.item()` for one number)",
+        )
 
     def _check(self, scope: ScopeFlow, call: ast.Call, grad_off: bool) -> None:
         if call.args or any(kw.arg == "force" for kw in call.keywords):
@@ -98,6 +138,9 @@ class NumpyOnDevice(Rule):
         )
         fix = self.ctx.fix(f"insert `{insert}`", self.ctx.insert_after(receiver, insert))
         self.report(call, message, fix=fix)
+
+
+_DEVICE_OR_GRAD = (".to(", ".cuda(", "device", "backward", "grad", "model", "loss", "forward")
 
 
 def _since(held: Value) -> str:

@@ -3,8 +3,9 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check import flow
-from torchdoctor.check.flow import Kind, Place, ScopeFlow
+from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.values import Kind, Place
 from torchdoctor.check.rule import Rule, Severity
 
 _DATA_PARALLEL = frozenset(
@@ -59,8 +60,8 @@ class DataParallelUsed(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
-        for node in flow.scopes_with(ff, "DataParallel"):
+        ff = file_flow(self.ctx)
+        for node in scopes_with(ff, "DataParallel"):
             scope = ff.scope(node, callers=False)
             for call in scope.calls_named("DataParallel"):
                 if (self.ctx.call_name(call) or "") in _DATA_PARALLEL:

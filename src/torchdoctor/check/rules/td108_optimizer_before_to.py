@@ -3,8 +3,8 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check import flow
-from torchdoctor.check.flow import Kind, Place
+from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
+from torchdoctor.check.analysis.values import Kind, Place
 from torchdoctor.check.rule import Rule, Severity
 
 
@@ -51,9 +51,9 @@ class OptimizerBeforeTo(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         reported: set[ast.AST] = set()
-        for node in flow.scopes_with(ff, "optim"):
+        for node in scopes_with(ff, "optim"):
             # the move is in the scope's own code (for the module: not in its functions)
             text = ff.module_code_text() if isinstance(node, ast.Module) else ff.text(node)
             if ".to(" not in text and ".cuda(" not in text:

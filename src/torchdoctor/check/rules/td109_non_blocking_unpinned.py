@@ -3,8 +3,8 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check import flow
-from torchdoctor.check.flow import Kind
+from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
+from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.rule import Rule, Severity
 
 
@@ -49,9 +49,9 @@ class NonBlockingUnpinned(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         reported: set[tuple[str, int]] = set()
-        for node in flow.scopes_with(ff, "non_blocking"):
+        for node in scopes_with(ff, "non_blocking"):
             scope = ff.scope(node)
             for call in [*scope.method_calls("to"), *scope.method_calls("cuda")]:
                 if not any(

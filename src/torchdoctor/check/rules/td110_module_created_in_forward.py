@@ -3,9 +3,9 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check import flow
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.torch_api import PARAMETRISED_LAYERS
 from torchdoctor.check.context import iter_children, walk
-from torchdoctor.check.flow import PARAMETRISED_LAYERS
 from torchdoctor.check.rule import Rule, Severity
 
 
@@ -56,7 +56,7 @@ class ModuleCreatedInForward(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def finish(self) -> None:
-        ff = flow.file_flow(self.ctx)
+        ff = file_flow(self.ctx)
         for func in ff.functions():
             if func.name != "forward" or not ff.mentions(func, *PARAMETRISED_LAYERS):
                 continue

@@ -4,8 +4,10 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check import flow
-from torchdoctor.check.flow import Kind, Mismatch, Place, ScopeFlow, Value
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.syntax import dotted, lines_matching
+from torchdoctor.check.analysis.values import Kind, Mismatch, Place, ScopeNode, Value
 from torchdoctor.check.rule import Rule, Severity
 
 # Batch fields that are meant to stay on the CPU (pack_padded_sequence wants CPU
@@ -17,13 +19,13 @@ _STAYS_ON_CPU = re.compile(
 )
 # Where batches come from: the scopes worth analysing iterate a loader (strong), or
 # iterate batches and move something (weak).
-# (Line patterns, tried only on the lines holding their words: see flow.lines_matching.)
+# (Line patterns, tried only on the lines holding their words: see lines_matching.)
 _LOADER_WORDS = ("loader", "Loader", "_dl", "batches")
 _FOR_IN_LOADER = re.compile(
-    r"[ \t]*(?:async[ \t]+)?for[ \t](?>[^\n]*?\bin\b)[^\n]*?(?:loader|Loader|_dl\b|batches)"
+    r"[ \t]*(?:async[ \t]+)?for[ \t](?>[^\r\n]*?\bin\b)[^\r\n]*?(?:loader|Loader|_dl\b|batches)"
 )
 _NEXT_ITER = re.compile(r"next\(\s*iter\(")
-_FOR_IN_BATCHES = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\n]*batch")
+_FOR_IN_BATCHES = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\r\n]*batch")
 _MOVES = (".to(", ".cuda(")
 
 
@@ -86,20 +88,21 @@ class BatchNotMoved(Rule):
     def finish(self) -> None:
         source = self.ctx.source
         line_of = self.ctx.line_of_offset
-        strong = flow.lines_matching(self.ctx, _LOADER_WORDS, _FOR_IN_LOADER)
+        strong = lines_matching(self.ctx, _LOADER_WORDS, _FOR_IN_LOADER)
         if "next(" in source or "DataLoader(" in source:
             strong.extend(line_of(m.start()) for m in _NEXT_ITER.finditer(source))
             strong.extend(self.ctx.lines_holding(("DataLoader(",)))
             strong.sort()
-        weak = flow.lines_matching(self.ctx, ("batch",), _FOR_IN_BATCHES)
+        weak = lines_matching(self.ctx, ("batch",), _FOR_IN_BATCHES)
         # module-level code (a script, a notebook) is cheap: analysed whenever it moves
         script = any(m in source for m in _MOVES)
         if not strong and not weak and not script:
             return
-        ff = flow.file_flow(self.ctx)
-        scopes: list[flow.ScopeNode] = [ff.ctx.tree] if script else []
+        ff = file_flow(self.ctx)
+        scopes: list[ScopeNode] = [ff.ctx.tree] if script else []
         scopes += [s for s in ff.scopes_at(strong) if s not in scopes]
         scopes += [s for s in ff.scopes_at(weak) if s not in scopes and ff.mentions(s, *_MOVES)]
+        self._checked = set(scopes)
         for node in scopes:
             if not isinstance(node, ast.Module):
                 cls = ff.class_of(node)
@@ -122,16 +125,21 @@ class BatchNotMoved(Rule):
             self._report_site(site_mismatches)
 
     def _qualifies(self, scope: ScopeFlow, m: Mismatch) -> bool:
+        if m.callee is not None and m.callee in self._checked and m.inner is not None:
+            # a helper this rule checks too: report where they meet, once
+            helper = file_flow(self.ctx).scope(m.callee)  # type: ignore[arg-type]
+            if any(_same_value(i.cpu, m.inner.cpu) for i in helper.mismatches):
+                return False
         other, cpu = m.other, m.cpu
         if other.assumed or other.is_input or cpu.is_input or other.place is not Place.DEVICE:
             return False
         if m.via == "module" and isinstance(m.site, ast.Call):
-            callee = (flow.dotted(m.site.func) or "").lower()
+            callee = (dotted(m.site.func) or "").lower()
             if "pipe" in callee:
                 return False  # diffusers/transformers pipelines move their inputs themselves
             if other.cls and other.cls in self.ctx.project.moving_classes:
                 return False  # its forward moves its inputs (`x = x.to(self.device)`)
-        last = (flow.dotted(m.cpu_node) or "").rsplit(".", 1)[-1]
+        last = (dotted(m.cpu_node) or "").rsplit(".", 1)[-1]
         if isinstance(m.cpu_node, ast.Subscript):
             key = m.cpu_node.slice
             if isinstance(key, ast.Constant) and isinstance(key.value, str):
@@ -180,11 +188,17 @@ class BatchNotMoved(Rule):
             target = self.ctx.segment(first.other_node)
             where = _site_text(self.ctx.segment(first.site), first)
             message = f"{what}{dropped} {verb_meet} `{target}` ({_on_device(other)}) in {where}"
+        if first.path:
+            message += f" ({first.path})"
         if cpu.kind is Kind.BATCH:
             message += f" without `.to({device})`"
         else:
             message += f"; create {'them' if plural else 'it'} with `device={device}`"
         self.report(first.cpu_node, message)
+
+
+def _same_value(a: Value, b: Value) -> bool:
+    return a == b or (a.source is not None and a.source is b.source)
 
 
 def _position(node: ast.AST) -> tuple[int, int]:

@@ -3,20 +3,17 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check.loops import (
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
+from torchdoctor.check.analysis.mode_state import (
     BUILT,
     TRAIN,
     TRAINED,
     TRAINISH,
-    FileLoops,
     ForwardCall,
     Origin,
-    analysis,
     describe_origins,
-    is_lightning_eval_hook,
-    is_test_file,
-    is_torch_file,
 )
+from torchdoctor.check.analysis.names import is_lightning_eval_hook, is_test_file, is_torch_file
 from torchdoctor.check.rule import Rule, Severity
 
 # a function can only hold evaluation code (or call it) if its text says so

@@ -3,16 +3,10 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from torchdoctor.check.loops import (
-    BUILT,
-    EVAL,
-    FileLoops,
-    FunctionInfo,
-    analysis,
-    is_lightning_eval_hook,
-    is_test_file,
-    is_torch_file,
-)
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.mode_state import BUILT, EVAL
+from torchdoctor.check.analysis.names import is_lightning_eval_hook, is_test_file, is_torch_file
 from torchdoctor.check.rule import Rule, Severity
 
 _WORDS = ("val", "test", "eval", "predict", "infer", "generate")

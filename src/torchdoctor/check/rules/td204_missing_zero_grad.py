@@ -4,21 +4,13 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.events import BACKWARD, CALL, SCALER_STEP, STEP, ZERO, Event
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis, file_of
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
+from torchdoctor.check.analysis.names import is_torch_file
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import walk
-from torchdoctor.check.loops import (
-    BACKWARD,
-    CALL,
-    SCALER_STEP,
-    STEP,
-    ZERO,
-    Event,
-    FileLoops,
-    FunctionInfo,
-    analysis,
-    dotted,
-    is_torch_file,
-    mentions_zeroing,
-)
 from torchdoctor.check.rule import Rule, Severity
 
 _OPTIMIZER_METHODS_THAT_DO_NOT_ZERO = frozenset(
@@ -187,7 +179,7 @@ def _callee_zeroes(fi: FunctionInfo, depth: int) -> bool:
         return True
     if depth >= 2:
         return False
-    fl = fi.file
+    fl = file_of(fi)
     for event in fl.events(fi):
         if event.kind == CALL and isinstance(event.node, ast.Call):
             resolved = fl.resolve(fi, event.node)

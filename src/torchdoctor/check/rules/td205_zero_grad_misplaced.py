@@ -4,20 +4,20 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check.loops import (
+from torchdoctor.check.analysis.events import (
     BACKWARD,
     SCALER_STEP,
     STEP,
     ZERO,
     Event,
-    FunctionInfo,
-    analysis,
     can_follow,
     counter_condition,
     is_accumulation,
-    is_torch_file,
     unconditional_in,
 )
+from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.rule import Rule, Severity
 
 

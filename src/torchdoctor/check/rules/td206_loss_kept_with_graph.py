@@ -4,9 +4,15 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check import flow
+from torchdoctor.check.analysis.events import BACKWARD, Event
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.names import is_torch_file
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.context import walk
-from torchdoctor.check.loops import BACKWARD, Event, FunctionInfo, analysis, dotted, is_torch_file
+from torchdoctor.check.lines import line_end
 from torchdoctor.check.rule import Fix, FixAvailability, Rule, Severity
 
 # Calls that give a plain number or a graph-free tensor.
@@ -112,8 +118,8 @@ class LossKeptWithGraph(Rule):
         if isinstance(value, ast.Name):
             if value.id in graph:
                 return value.id
-            held = flow.file_flow(self.ctx).scope(_scope_node(fi)).value(value)
-            if held.kind is flow.Kind.TENSOR and held.grad:
+            held = file_flow(self.ctx).scope(_scope_node(fi)).value(value)
+            if held.kind is Kind.TENSOR and held.grad:
                 return value.id
             return None
         if isinstance(value, ast.BinOp) and isinstance(
@@ -204,9 +210,9 @@ def _summands(node: ast.expr) -> set[str]:
 def _may_accumulate_a_loss(text: str) -> bool:
     """A cheap text test: a backward call (not just a `def backward(` line), a loop, and
     an accumulation (`+=`, `a = a + v`, `.append(`) may all be in this function."""
-    body = text.find("\n")
+    body = line_end(text, 0)
     return (
-        body >= 0
+        body < len(text)
         and text.find("backward(", body) >= 0
         and ("for " in text or "while " in text)
         and ("+" in text or "append(" in text)

@@ -5,16 +5,12 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_item_context
+from torchdoctor.check.analysis.names import is_torch_file
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import walk
-from torchdoctor.check.loops import (
-    FileLoops,
-    FunctionInfo,
-    analysis,
-    dotted,
-    is_no_grad_decorated,
-    is_torch_file,
-    with_item_context,
-)
 from torchdoctor.check.rule import Rule, Severity
 
 # Tensor methods that write into the tensor itself.

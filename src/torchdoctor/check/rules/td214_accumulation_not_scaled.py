@@ -4,20 +4,20 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check.context import walk
-from torchdoctor.check.loops import (
+from torchdoctor.check.analysis.events import (
     BACKWARD,
     SCALER_STEP,
     STEP,
     Event,
-    FunctionInfo,
-    analysis,
     counter_condition,
-    dotted,
     is_accumulation,
-    is_torch_file,
     unconditional_in,
 )
+from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.names import is_torch_file
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 
 _ACCELERATOR_ACCUMULATES = re.compile(r"Accelerator\([^)]*gradient_accumulation_steps\s*=")

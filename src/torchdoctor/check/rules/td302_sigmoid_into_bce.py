@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from torchdoctor.check.loops import analysis
+from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._loss_inputs import BCE, BCE_LOGITS, SIGMOID, activation, loss_calls
 

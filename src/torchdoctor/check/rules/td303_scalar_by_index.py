@@ -259,7 +259,7 @@ class ScalarByIndex(Rule):
         known = self._assigned_names.get(name)
         if known is None:
             # the name first: a pattern starting with a literal is searched for fast
-            pattern = rf"{re.escape(name)}(?:[ \t\r\n\f)\\]|#[^\n]*\n)*=(?!=)"
+            pattern = rf"{re.escape(name)}(?:[ \t\r\n\f)\\]|#[^\r\n]*)*=(?!=)"
             source = self.ctx.source
             known = any(
                 match.start() == 0 or not _NAME_BEFORE.match(source, match.start() - 1)

@@ -5,8 +5,11 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.names import is_test_file
+from torchdoctor.check.analysis.syntax import dotted, last_part
 from torchdoctor.check.context import iter_children, walk
-from torchdoctor.check.loops import FunctionInfo, analysis, dotted, is_test_file, last_part
 from torchdoctor.check.rule import Rule, Severity
 
 _WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel", "DDP"})

@@ -4,8 +4,11 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import walk
-from torchdoctor.check.loops import FileLoops, FunctionInfo, analysis, dotted
+from torchdoctor.check.lines import as_lf
 from torchdoctor.check.rule import Rule, Severity
 
 _DATALOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -85,7 +88,7 @@ class WorkersWithoutMainGuard(Rule):
         ctx = self.ctx
         if ctx.path.endswith(".ipynb"):
             return
-        if re.search(r"(?m)^# %%", ctx.source):
+        if re.search(r"(?m)^# %%", as_lf(ctx.source)):
             return  # a notebook kept as a script (Jupytext / VS Code cells)
         if "__main__" in ctx.source and any(
             isinstance(s, ast.If) and is_main_guard(s.test) for s in ctx.tree.body

@@ -4,8 +4,10 @@ import ast
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis, sibling_file
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import FileContext, walk
-from torchdoctor.check.loops import FileLoops, FunctionInfo, analysis, dotted, sibling_file
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules.td501_workers_without_main_guard import is_dataloader, workers_of
 

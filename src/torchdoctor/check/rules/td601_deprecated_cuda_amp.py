@@ -4,6 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.lines import line_start
 from torchdoctor.check.rule import Edit, Fix, FixAvailability, Rule, Severity
 
 # deprecated name -> (device type, replacement under torch.amp)
@@ -149,8 +150,7 @@ class DeprecatedCudaAmp(Rule):
             edits.append(Edit(close, close, lead))
         else:
             first = self.ctx.node_span(arguments[0])[0]
-            line_start = self.ctx.source.rfind("\n", 0, first) + 1
-            indent = self.ctx.source[line_start:first]
+            indent = self.ctx.source[line_start(self.ctx.source, first) : first]
             # one argument per line stays one argument per line
             separator = f",\n{indent}" if indent.isspace() else ", "
             inserts = {first: f"{lead}{separator}"}

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from torchdoctor.check.loops import BACKWARD, analysis, is_torch_file
+from torchdoctor.check.analysis.events import BACKWARD
+from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.rule import Rule, Severity
 
 

@@ -2,17 +2,17 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from torchdoctor.check.loops import (
+from torchdoctor.check.analysis.events import (
     BACKWARD,
     CLIP,
     SCALER_STEP,
     STEP,
     UNSCALE,
     Event,
-    analysis,
-    is_torch_file,
     same_path,
 )
+from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.rule import Rule, Severity
 
 

@@ -15,33 +15,19 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import hashlib
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from torchdoctor.check.flow import UNKNOWN, Kind, Value, file_flow
-from torchdoctor.check.project import CLASS_HEADER
-
-if TYPE_CHECKING:
-    from torchdoctor.check.project import ProjectIndex
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.lines import as_lf
+from torchdoctor.check.project import CLASS_HEADER, CallFact, ProjectIndex, scan_classes
 
 # A call that hands a loader to a function: `evaluate(model, val_loader)`.
-_LOADER_ARGUMENT = re.compile(r"\w\s*\([^()\n]*(?:loader|Loader|_dl\b)")
+_LOADER_ARGUMENT = re.compile(r"\w\s*\([^()\r\n]*(?:loader|Loader|_dl\b)")
 _MOVES = (".to(", ".cuda(")
-
-
-@dataclass(frozen=True)
-class CallFact:
-    """One call of a function (or class) of the project, seen in another file."""
-
-    callee: str
-    path: str
-    args: tuple[Value, ...]
-    keywords: tuple[tuple[str, Value], ...]
-    opaque: bool  # *args / **kwargs at the call: positions unknown
 
 
 _BODY_ENDS: dict[int, re.Pattern[str]] = {}
@@ -69,6 +55,7 @@ def moving_classes(source: str) -> set[str]:
     found: set[str] = set()
     if not any(w in source for w in _DEVICE_WORDS) or "class" not in source:
         return found
+    source = as_lf(source)
     for match in CLASS_HEADER.finditer(source):
         indent = len(match.group(0)) - len(match.group(0).lstrip(" \t"))
         body_end = _body_end(indent).search(source, match.end())
@@ -94,8 +81,6 @@ def collect(
     index: ProjectIndex, files: Iterable[tuple[str, str]]
 ) -> dict[str, tuple[CallFact, ...]]:
     """Callee name -> the facts of its calls in `files` ((path, text) pairs)."""
-    from torchdoctor.check.context import FileContext
-
     facts: dict[str, list[CallFact]] = {}
     for path, source in files:
         try:
@@ -153,10 +138,21 @@ def _portable(value: Value, path: str) -> Value:
     )
 
 
-def digest(facts: dict[str, tuple[CallFact, ...]]) -> str:
-    """A stable text digest of the facts (part of the cache fingerprint)."""
-    lines = []
-    for name in sorted(facts):
-        for fact in facts[name]:
-            lines.append(repr((name, fact.path, fact.args, fact.keywords, fact.opaque)))
-    return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:16]
+def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
+    """Index `sources`: texts, or (path, text) pairs (paths name files in messages)."""
+    index = ProjectIndex()
+    candidates: list[tuple[str, str]] = []
+    moving: set[str] = set()
+    count = 0
+    for item in sources:
+        path, source = item if isinstance(item, tuple) else ("", item)
+        index.add(scan_classes(source))
+        moving |= moving_classes(source)
+        count += 1
+        if is_candidate(source):
+            candidates.append((path, source))
+    index.moving_classes = frozenset(moving)
+    index.resolve()
+    if candidates and count > 1:  # a lone file sees its own calls directly
+        index.call_facts = collect(index, candidates)
+    return index

@@ -1,0 +1,57 @@
+"""The model of the program that the static rules ask for facts.
+
+Rules never walk the syntax tree for facts another function or file holds; they
+ask one of two per-file objects, each built once per checked file and shared by
+every rule (kept on the `FileContext`):
+
+    from torchdoctor.check.analysis.file_flow import file_flow    # values and places
+    from torchdoctor.check.analysis.file_loops import analysis    # training-loop structure
+
+    ff = file_flow(ctx)
+    for func in ff.functions():               # every def (methods, nested defs)
+        if not ff.mentions(func, ".numpy("):  # cheap text gate: analyse relevant code only
+            continue
+        scope = ff.scope(func)                # a ScopeFlow, analysed on first request
+        for call in scope.method_calls("numpy"):
+            held = scope.value(call.func.value)   # a Value: what the receiver held there
+            if held.place is Place.DEVICE: ...
+
+    fl = analysis(ctx)
+    for fi in fl.all_functions():             # FunctionInfo of every def
+        for event in fl.events(fi): ...       # backward/step/zero_grad/... in program order
+        modes = fl.modes(fi)                  # train/eval mode of every model, every path
+
+What a scope records besides values: `mismatches` (a CPU tensor meets a device one;
+`via="call"` when they meet inside a function of the file this call passes them to,
+with `path`, `callee` and the `inner` mismatch), `moves`, `calls` (call sites, which
+seed callee parameters), `conversions` (tensors NumPy converts implicitly). A call
+of the file's own function is followed with what it passes (`FileFlow.call_facts`:
+its result and the meetings inside; context-sensitive, depth 2, a budget per file).
+What library APIs return is data: `library.toml`, loaded by `torch_api.py`.
+
+Values (`values.py`): a `Value` says what an expression holds: its `Kind` (module,
+tensor, batch from a loader, loader, parameters, device, container, ...), its `Place`
+(CPU, the target device, unknown) and where that came from. Anything not understood
+is UNKNOWN, and rules stay quiet on UNKNOWN: the facts are proofs, not guesses.
+
+Parts, bottom to top (a module imports only modules listed before it; the
+interpreters see the per-file objects above them only through protocols):
+
+- `values`        the value lattice: Kind, Place, Value, join, Mismatch, Move, CallSite
+- `torch_api`     vocabularies of torch's API: factories, device-preserving methods, layers
+- `syntax`        questions about syntax alone: dotted names, bound names, decorators
+- `interfaces`    protocols the scope interpreter and FunctionInfo see their file through
+- `scope_core` < `scope_exprs` < `scope_library` < `scope_moves` < `scope_calls` < `scope`
+                  the scope interpreter (one function or module body), one layer per job:
+                  state, expressions, library calls, tensor methods and moves, calls,
+                  statements with loops run to a fixpoint
+- `file_index` < `file_flow`   one file's functions and classes; the scope cache and the
+                  seeding of parameters from call sites in the file and the project
+- `project_facts` cross-file call facts (what other files pass to a function) and
+                  `build_project`, the ProjectIndex of a whole run
+- `names`, `grad_contexts`, `events`, `functions`, `event_collector`: training-loop
+                  vocabulary, no_grad/autocast contexts, events and their order
+- `mode_state` < `mode_core` < `modes`   the train/eval mode interpreter and summaries
+- `loop_index` < `file_loops`   one file's training-loop facts, calls resolved to the
+                  file's functions and to sibling modules it imports
+"""

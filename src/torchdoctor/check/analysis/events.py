@@ -1,0 +1,197 @@
+"""Training-loop events (backward, step, zero_grad, ...) and their order along paths."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.analysis.names import LoopNode
+from torchdoctor.check.context import (
+    walk,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+BACKWARD = "backward"
+
+
+STEP = "step"  # optimizer.step()
+
+
+SCALER_STEP = "scaler_step"  # scaler.step(optimizer)
+
+
+SCALER_UPDATE = "scaler_update"
+
+
+UNSCALE = "unscale"
+
+
+CLIP = "clip"
+
+
+ZERO = "zero"  # optimizer.zero_grad(), model.zero_grad(), p.grad = None
+
+
+CALL = "call"  # any other call (for resolution)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One step down the statement tree: `node` entered through `label`."""
+
+    node: ast.AST
+    label: str  # body, orelse, finalbody, handlerN, caseN
+    jumps: bool = False  # the block ends in return/raise/continue/break
+
+
+@dataclass
+class Event:
+    kind: str
+    node: ast.AST  # the call (or the `p.grad = None` statement)
+    chain: tuple[Branch, ...]  # compound statements around it, outermost first
+    subject: str | None = None  # optimizer / model / scaler key
+    expr: ast.expr | None = None  # backward: the loss expression
+    scaler: str | None = None  # backward of scaler.scale(loss): the scaler key
+    target: str | None = None  # scaler.step(opt) / unscale_(opt): the optimizer key
+    no_grad: bool = False
+    autocast: ast.AST | None = None  # the innermost autocast `with`
+
+    @property
+    def line(self) -> int:
+        return getattr(self.node, "lineno", 0)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (
+            getattr(self.node, "end_lineno", 0) or 0,
+            getattr(self.node, "end_col_offset", 0) or 0,
+        )
+
+    def loops(self) -> list[ast.AST]:
+        return [b.node for b in self.chain if isinstance(b.node, LoopNode) and b.label == "body"]
+
+    def in_loop(self, loop: ast.AST) -> bool:
+        return any(b.node is loop and b.label == "body" for b in self.chain)
+
+    def conditions_in(self, loop: ast.AST | None) -> list[ast.If]:
+        """The `if` statements between `loop` (or the function) and this event."""
+        inside = loop is None
+        found: list[ast.If] = []
+        for b in self.chain:
+            if b.node is loop:
+                inside = True
+                continue
+            if inside and isinstance(b.node, ast.If):
+                found.append(b.node)
+        return found
+
+    def loops_in(self, loop: ast.AST) -> list[ast.AST]:
+        """Loops nested inside `loop` that enclose this event."""
+        inside = False
+        found: list[ast.AST] = []
+        for b in self.chain:
+            if b.node is loop:
+                inside = True
+                continue
+            if inside and isinstance(b.node, LoopNode) and b.label == "body":
+                found.append(b.node)
+        return found
+
+
+def can_follow(a: Event, b: Event) -> bool:
+    """Whether `b` can run after `a` in the same pass (no `if` between them, and no
+    `continue`/`return` ending the block `a` is in before `b` is reached)."""
+    if b.order <= a.order or not same_path(a, b):
+        return False
+    for i, branch in enumerate(a.chain):
+        if branch.jumps and not (
+            i < len(b.chain) and b.chain[i].node is branch.node and b.chain[i].label == branch.label
+        ):
+            return False
+    return True
+
+
+def same_path(a: Event, b: Event) -> bool:
+    """Whether one run can execute both (not in two branches of one `if`/`match`/`try`)."""
+    for x, y in zip(a.chain, b.chain, strict=False):
+        if x.node is not y.node:
+            return True
+        if x.label != y.label:
+            if isinstance(x.node, ast.If | ast.Match):
+                return False
+            if isinstance(x.node, ast.Try) or type(x.node).__name__ == "TryStar":
+                # body then a handler, or body then else, or anything then finally
+                return "body" in (x.label, y.label) or "finalbody" in (x.label, y.label)
+            return True
+    return True
+
+
+def counter_condition(event: Event, loop: ast.AST) -> ast.BinOp | None:
+    """The `x % k` of an `if (i + 1) % accum == 0:` between `loop` and `event`."""
+    for cond in event.conditions_in(loop):
+        found = modulo_test(cond.test)
+        if found is not None:
+            return found
+    return None
+
+
+def is_accumulation(events: list[Event], step: Event, loop: ast.AST) -> bool:
+    """`step` runs every k passes of `loop` and consumes backward()s of every pass: a
+    backward() runs on every pass, no step does, and the step's `if` has no backward of
+    its own (GAN loops that update the generator every n_critic passes)."""
+    if not any(e.kind == BACKWARD and unconditional_in(e, loop) for e in events):
+        return False
+    if any(e.kind in (STEP, SCALER_STEP) and unconditional_in(e, loop) for e in events):
+        return False
+    conditions = step.conditions_in(loop)
+    own = conditions[0] if conditions else None
+    return not any(
+        e.kind == BACKWARD
+        and e.order < step.order
+        and own is not None
+        and any(b.node is own for b in e.chain)
+        for e in events
+    )
+
+
+def unconditional_in(event: Event, loop: ast.AST) -> bool:
+    """Runs on every pass of `loop` (no `if` or inner loop in between)."""
+    inside = False
+    for b in event.chain:
+        if b.node is loop:
+            inside = True
+            continue
+        if inside and isinstance(b.node, ast.If | ast.Match | LoopNode | ast.Try):
+            if isinstance(b.node, ast.Try) and b.label in ("body", "finalbody"):
+                continue
+            return False
+    return inside
+
+
+def innermost_common_loop(a: Event, b: Event) -> ast.AST | None:
+    common = None
+    for x, y in zip(a.chain, b.chain, strict=False):
+        if x.node is not y.node or x.label != y.label:
+            break
+        if isinstance(x.node, LoopNode) and x.label == "body":
+            common = x.node
+    return common
+
+
+def modulo_test(test: ast.expr) -> ast.BinOp | None:
+    """The `x % k` inside `if (i + 1) % accum == 0:` (k not the literal 1)."""
+    for node in walk(test):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            right = node.right
+            if isinstance(right, ast.Constant) and (
+                not isinstance(right.value, int) or right.value <= 1
+            ):
+                continue
+            if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
+                continue  # "%s" % x
+            return node
+    return None

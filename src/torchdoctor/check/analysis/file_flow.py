@@ -1,0 +1,396 @@
+"""One file's dataflow: the cache of scope facts and the seeds of parameters from call sites."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.analysis.file_index import FileIndex
+from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.syntax import (
+    _ASSIGNED_ATTR,
+    _is_static,
+    _looks_like_tensor_arg,
+    returns_factory,
+)
+from torchdoctor.check.analysis.values import (
+    UNKNOWN,
+    AnyFunction,
+    CallFacts,
+    CallSite,
+    Env,
+    Kind,
+    Place,
+    ScopeNode,
+    Value,
+    _as_parameter,
+    _join_seeds,
+)
+from torchdoctor.check.context import (
+    FileContext,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+def file_flow(ctx: FileContext) -> FileFlow:
+    """The FileFlow of `ctx`, shared by every rule checking that file."""
+    return ctx.shared("flow", FileFlow)
+
+
+class FileFlow(FileIndex):
+    """The scopes of one file, analysed on request, and their seeds."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._scopes: dict[tuple[ast.AST, bool], ScopeFlow] = {}
+        self._call_facts: dict[object, CallFacts | None] = {}
+        self._call_budget = self.CALL_BUDGET
+        self._calls_in_progress: set[ast.AST] = set()
+
+    def release(self) -> None:
+        """Drop the cached facts (they reference the syntax tree)."""
+        self._scopes.clear()
+        self._call_facts.clear()
+        super().release()
+
+    # -- scopes ------------------------------------------------------------------------
+    def module_scope(self) -> ScopeFlow:
+        return self.scope(self.ctx.tree)
+
+    def scope(self, node: ScopeNode, *, callers: bool = True, depth: int = 0) -> ScopeFlow:
+        """The facts of one function (or of the module-level code), analysed once.
+
+        With `callers=False` the parameters are not seeded from the function's call
+        sites (cheaper; enough for rules that look at one function's own code).
+        """
+        key = (node, callers)
+        found = self._scopes.get(key)
+        if found is not None:
+            return found
+        if node in self._in_progress or depth > self.MAX_SEED_DEPTH:
+            # a call cycle, or too deep: analyse without call-site seeds, do not cache
+            return ScopeFlow(self, node, seeds=self._seeds(node, depth, callers=False))
+        self._in_progress.add(node)
+        try:
+            seeds = self._seeds(node, depth, callers)
+            found = ScopeFlow(self, node, seeds=seeds)
+        finally:
+            self._in_progress.discard(node)
+        self._scopes[key] = found
+        return found
+
+    MAX_CALL_DEPTH = 2  # calls followed with their arguments, one inside another
+    CALL_BUDGET = 200  # such analyses per file: a huge file stays fast
+
+    def call_facts(self, func: AnyFunction, arguments: Env, depth: int) -> CallFacts | None:
+        """What `func` returns, and where devices meet inside it, when its parameters
+        hold `arguments` (None: not analysed: too deep, recursive, or over the budget).
+
+        Context-sensitive on purpose: a helper's result and the meetings inside it
+        depend on what this call passes (`reduce_mean(out, target)` returns a tensor on
+        the device when `out` is there), which the callee's own scope, seeded from the
+        join of all its call sites, cannot tell.
+        """
+        if depth >= self.MAX_CALL_DEPTH or func in self._calls_in_progress:
+            return None
+        key = (func, tuple(sorted(arguments.items(), key=lambda kv: kv[0])))
+        if key in self._call_facts:
+            return self._call_facts[key]
+        if self._call_budget <= 0:
+            return None
+        self._call_budget -= 1
+        self._calls_in_progress.add(func)
+        try:
+            seeds = self._seeds(func, depth + 1, callers=False, call_sites=False)
+            seeds.update(arguments)
+            scope = ScopeFlow(self, func, seeds=seeds, depth=depth + 1)
+            found = CallFacts(scope.returned or UNKNOWN, tuple(scope.mismatches))
+        finally:
+            self._calls_in_progress.discard(func)
+        self._call_facts[key] = found
+        return found
+
+    def returned_tensor(self, func: AnyFunction) -> Value:
+        """What `func` returns, when that is a tensor it made on the CPU (else UNKNOWN).
+
+        `def init_hidden(self, n): return torch.zeros(1, n, 16)`: a call of it gives a
+        CPU tensor. Only factory-made CPU tensors are passed on; anything that
+        depends on the arguments stays unknown.
+        """
+        found = self._returns.get(func)
+        if found is None:
+            found = UNKNOWN
+            if self.may_return_factory(func):
+                # no seeds: a factory's result does not depend on them, and seeding
+                # would analyse the callers, which are asking for this very summary
+                self._returns[func] = UNKNOWN  # a recursive function sees nothing
+                returned = ScopeFlow(self, func, seeds={}).returned
+                if (
+                    returned is not None
+                    and returned.kind is Kind.TENSOR
+                    and returned.place is Place.CPU
+                    and isinstance(returned.source, ast.Call)
+                    and not returned.scalar
+                    and not returned.assumed
+                ):
+                    found = returned
+            self._returns[func] = found
+        return found
+
+    def may_return_factory(self, func: AnyFunction) -> bool:
+        """`returns_factory` of the function's text (cached)."""
+        found = self._makes_factory.get(func)
+        if found is None:
+            found = self._makes_factory[func] = returns_factory(self.text(func))
+        return found
+
+    def module_exit_env(self) -> Env:
+        """Module-level names as the module's code leaves them (globals of functions)."""
+        return self.module_scope().exit_env
+
+    # -- seeds ---------------------------------------------------------------------------
+    def _seeds(self, func: ScopeNode, depth: int, callers: bool, *, call_sites: bool = True) -> Env:
+        """Initial values of a function's parameters and of `self.x` attributes."""
+        if isinstance(func, ast.Module):
+            return {}
+        seeds: Env = {}
+        args = func.args
+        params = [*args.posonlyargs, *args.args]
+        cls = self.class_of(func)
+        is_method = cls is not None and bool(params) and not _is_static(func)
+        self_name = params[0].arg if is_method else None
+        for arg in [*params, *args.kwonlyargs]:
+            value = self._annotation_value(arg)
+            if value is not UNKNOWN:
+                seeds[arg.arg] = value
+        defaults = args.defaults
+        for arg, default in zip(params[len(params) - len(defaults) :], defaults, strict=False):
+            if isinstance(default, ast.List | ast.Tuple) and arg.arg not in seeds:
+                seeds[arg.arg] = Value(Kind.CONTAINER)
+        # seeds from call sites in this file (and other files, through the project index);
+        # calls between methods of one class are cheap to find and always followed
+        call_seeds: Env = {}
+        if call_sites and (callers or (cls is not None and func.name != "__init__")):
+            call_seeds = self._call_site_seeds(func, params, cls, depth)
+        seeds.update(call_seeds)
+        if cls is not None and self_name is not None:
+            module_class = self.is_module_class(cls)
+            if func.name != "__init__":
+                seeds.update(self._self_attribute_seeds(cls, func, self_name, module_class))
+            if module_class and func.name == "forward":
+                for arg in params[1:]:
+                    if arg.arg not in call_seeds and _looks_like_tensor_arg(func, arg):
+                        seeds[arg.arg] = Value(
+                            Kind.TENSOR,
+                            Place.DEVICE,
+                            name=arg.arg,
+                            device=f"{arg.arg}.device",
+                            assumed=True,
+                            is_input=True,
+                        )
+        return seeds
+
+    def _annotation_value(self, arg: ast.arg) -> Value:
+        if arg.annotation is None:
+            return UNKNOWN
+        text = self.ctx.qualname(arg.annotation) or ""
+        last = text.rsplit(".", 1)[-1]
+        if last == "Tensor":
+            return Value(Kind.TENSOR)
+        if text in ("torch.device",):
+            return Value(Kind.DEVICE, Place.DEVICE, name=arg.arg)
+        if last == "Module" and text.startswith("torch.nn"):
+            return Value(Kind.MODULE)
+        return UNKNOWN
+
+    def _self_attribute_seeds(
+        self, cls: ast.ClassDef, func: AnyFunction, self_name: str, module_class: bool
+    ) -> Env:
+        """`self.x` as `__init__` leaves it, when no other method assigns `self.x`."""
+        init = self.methods(cls).get("__init__")
+        if init is None or init is func:
+            return {}
+        init_scope = self.scope(init)
+        others: set[str] = set()
+        for name, method in self.methods(cls).items():
+            if name != "__init__":
+                others |= self.self_attrs_assigned(method)
+        seeds: Env = {}
+        for key, value in init_scope.exit_env.items():
+            if not key.startswith(init_scope.self_name + "."):
+                continue
+            attr = key[len(init_scope.self_name) + 1 :]
+            if "." in attr or attr in others:
+                continue
+            if module_class and value.kind in (Kind.MODULE, Kind.PARAMETER):
+                # registered: moves with the module, wherever it goes
+                value = Value(
+                    value.kind,
+                    Place.DEVICE,
+                    name=f"self.{attr}",
+                    device=f"self.{attr}",
+                    assumed=True,
+                    is_input=True,
+                    grad=value.kind is Kind.PARAMETER,
+                )
+            seeds[f"{self_name}.{attr}"] = value
+        return seeds
+
+    def self_attrs_assigned(self, func: AnyFunction) -> frozenset[str]:
+        """Names `x` with `self.x = ...` (augmented, in a tuple, ...) anywhere in `func`.
+
+        Read from the text (an over-approximation is safe: it only removes facts).
+        """
+        found = self._self_attrs_assigned.get(func)
+        if found is None:
+            params = [*func.args.posonlyargs, *func.args.args]
+            me = params[0].arg if params else "self"
+            text = self.text(func)
+            names: set[str] = set()
+            if f"{me}." in text:
+                pattern = _ASSIGNED_ATTR.get(me)
+                if pattern is None:
+                    pattern = re.compile(
+                        rf"\b{re.escape(me)}\.(\w+)\s*(?:\[[^\]\n]*\]\s*)?"
+                        r"(?:,[^\r\n=()\[\]]*=(?!=)|=(?!=)|[-+*/%@&|^]=|//=|\*\*=|>>=|<<=)"
+                    )
+                    _ASSIGNED_ATTR[me] = pattern
+                names.update(pattern.findall(text))
+                if "setattr(" in text:
+                    names.add("*")
+            found = frozenset(names)
+            self._self_attrs_assigned[func] = found
+        return found
+
+    def _call_site_seeds(
+        self,
+        func: AnyFunction,
+        params: list[ast.arg],
+        cls: ast.ClassDef | None,
+        depth: int,
+    ) -> Env:
+        """Join, over every call of `func`, the value passed to each parameter."""
+        if depth > self.MAX_SEED_DEPTH:
+            return {}  # callers of callers of callers: too far to follow
+        sites: list[tuple[CallSite, int]] = []  # (call, offset of the first parameter)
+        scopes: list[ScopeNode] | None
+        if cls is None:
+            if self.toplevel_functions.get(func.name) is not func:
+                return {}
+            callee, offset, scopes = func.name, 0, self._caller_scopes(func.name)
+        elif func.name == "__init__" and self.classes.get(cls.name) is cls:
+            callee, offset, scopes = cls.name, 1, self._caller_scopes(cls.name)
+        elif params and not _is_static(func) and func.name != "__init__":
+            callee, offset = f"self.{func.name}", 1
+            uses, calls, callers = self._method_uses(cls).get(func.name, (0, 0, []))
+            if uses != calls:
+                return {}  # `self.m` passed around as a value: not all calls are seen
+            scopes = [m for m in callers if m is not func]
+        else:
+            return {}
+        if scopes is None:
+            return {}
+        # submodules handed to a module's constructor are facts without any device word
+        module_init = cls is not None and func.name == "__init__" and self.is_module_class(cls)
+        for scope_node in scopes:
+            forward = isinstance(scope_node, ast.FunctionDef) and self.is_forward(scope_node)
+            # a function may pass on what its own callers gave it (`train(model, ...)`
+            # hands the moved model to `accuracy(model(x), y)`), within the depth
+            relay = (
+                not isinstance(scope_node, ast.Module)
+                and depth + 1 < self.MAX_SEED_DEPTH
+                and bool(scope_node.args.args or scope_node.args.posonlyargs)
+            )
+            informative = forward or module_init or relay
+            if not (informative or self.mentions(scope_node, *self.FACT_WORDS)):
+                return {}  # an uninformative caller: the join would be unknown anyway
+        for scope_node in scopes:
+            caller = self.scope(scope_node, depth=depth + 1)
+            sites.extend((site, offset) for site in caller.calls if site.callee == callee)
+        remote = self.project_call_facts(callee) if cls is None or func.name == "__init__" else []
+        if not sites and not remote:
+            return {}
+        names = [p.arg for p in params]
+        seeds: dict[str, Value] = {}
+        first = True
+        for site, off in sites:
+            values = self._bind_site(site, names, off, func)
+            seeds = values if first else _join_seeds(seeds, values)
+            first = False
+        for values in remote:
+            seeds = values if first else _join_seeds(seeds, values)
+            first = False
+        return {k: v for k, v in seeds.items() if v is not UNKNOWN}
+
+    def project_call_facts(self, callee: str) -> list[Env]:
+        """Parameter values of `callee` at call sites in other files (project index)."""
+        getter = getattr(self.project, "call_facts_for", None)
+        if getter is None:
+            return []
+        func = self.toplevel_functions.get(callee)
+        if func is None:
+            cls = self.classes.get(callee)
+            init = self.methods(cls).get("__init__") if cls is not None else None
+            if init is None:
+                return []
+            names = [p.arg for p in [*init.args.posonlyargs, *init.args.args]][1:]
+            kwonly = [p.arg for p in init.args.kwonlyargs]
+        else:
+            names = [p.arg for p in [*func.args.posonlyargs, *func.args.args]]
+            kwonly = [p.arg for p in func.args.kwonlyargs]
+        out: list[Env] = []
+        for fact in getter(callee, self.ctx.path):
+            env: Env = {}
+            if fact.opaque:
+                out.append(env)  # positions unknown: nothing can be said
+                continue
+            for i, value in enumerate(fact.args):
+                if i < len(names):
+                    env[names[i]] = _as_parameter(names[i], value)
+            for key, value in fact.keywords:
+                if key in names or key in kwonly:
+                    env[key] = _as_parameter(key, value)
+            out.append(env)
+        return out
+
+    def called_in_file(self, func: AnyFunction) -> bool:
+        """Whether this file calls the top-level function `func` (so may seed it)."""
+        if self.toplevel_functions.get(func.name) is not func:
+            return False
+        return bool(self._caller_scopes(func.name))
+
+    def _caller_scopes(self, name: str) -> list[ScopeNode] | None:
+        """The scopes that call `name`; None if `name` escapes (passed as a value)."""
+        uses = self._occurrences(name)
+        if uses is None:
+            return None
+        found: dict[ScopeNode, None] = {}
+        for line, is_call in uses:
+            if is_call:
+                found[self.innermost_scope(line)] = None
+        return list(found)
+
+    def _bind_site(
+        self, site: CallSite, names: list[str], offset: int, func: AnyFunction
+    ) -> dict[str, Value]:
+        """Parameter name -> argument value at one call (UNKNOWN where not passed)."""
+        values: dict[str, Value] = {n: UNKNOWN for n in names[offset:]}
+        values.update({a.arg: UNKNOWN for a in func.args.kwonlyargs})
+        if site.opaque:
+            return {n: UNKNOWN for n in values}
+        for i, value in enumerate(site.args):
+            if offset + i < len(names):
+                values[names[offset + i]] = value
+        for key, value in site.keywords:
+            if key in values:
+                values[key] = value
+        # parameters not passed take their defaults: unknown
+        return {k: _as_parameter(k, v) for k, v in values.items()}
+
+
+def scopes_with(ff: FileFlow, *needles: str) -> list[ScopeNode]:
+    """The scopes (module-level code, functions) whose own code contains a needle."""
+    return ff.scopes_at(ff.ctx.lines_holding(needles))

@@ -1,0 +1,310 @@
+"""The functions and classes of one file, and where names are used in it."""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import itertools
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.analysis.syntax import (
+    _COMPOUND_STATEMENTS,
+    _DEF_OR_IMPORT,
+    _SELF_ATTRIBUTE_USE,
+    _target_names,
+)
+from torchdoctor.check.analysis.torch_api import _NON_MODULE_NN
+from torchdoctor.check.analysis.values import AnyFunction, ScopeNode, Value
+from torchdoctor.check.context import (
+    FileContext,
+    child_statements,
+    walk,
+)
+from torchdoctor.check.lines import line_end, line_start
+from torchdoctor.check.project import KNOWN_MODULE_BASES
+
+if TYPE_CHECKING:
+    from torchdoctor.check.project import ProjectIndex
+
+
+class FileIndex:
+    """Index of a file's functions and classes, and the cache of their scope facts."""
+
+    MAX_SEED_DEPTH = 2
+
+    TEXT_SCANS = 32  # names looked up in the text before one tree walk indexes them all
+
+    # A caller that mentions none of these cannot pass a moved module, a device tensor
+    # or a loader: it is not analysed, and the callee gets no seeds (unknown is quiet).
+    FACT_WORDS = (".to(", ".cuda(", "device", "DataLoader", "loader", "Loader")
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.ctx = ctx
+        self.project: ProjectIndex = ctx.project
+        self._functions: list[AnyFunction] = []
+        self._class_of: dict[AnyFunction, ast.ClassDef] = {}
+        self.classes: dict[str, ast.ClassDef] = {}  # top-level classes by name
+        self.toplevel_functions: dict[str, AnyFunction] = {}
+        self._methods: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
+        self._index(ctx.tree.body, None, top=True)
+        self._function_lines = [f.lineno for f in self._functions]
+        self._reach = list(  # the furthest line any function up to this one spans
+            itertools.accumulate((f.end_lineno or f.lineno for f in self._functions), max)
+        )
+        self._innermost: dict[int, ScopeNode] = {}
+        self._in_progress: set[ast.AST] = set()
+        self._module_classes: dict[ast.ClassDef, bool] = {}
+        self._self_attrs_assigned: dict[AnyFunction, frozenset[str]] = {}
+        self._texts: dict[ast.AST, str] = {}
+        self._uses: dict[str, list[tuple[int, bool]] | None] = {}
+        self._uses_indexed = False
+        self._returns: dict[AnyFunction, Value] = {}
+        self._makes_factory: dict[AnyFunction, bool] = {}
+        self._module_code_text: str | None = None
+        self._module_names: frozenset[str] | None = None
+        self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
+
+    # -- index -------------------------------------------------------------------------
+    def _index(self, body: list[ast.stmt], cls: ast.ClassDef | None, *, top: bool) -> None:
+        for stmt in body:
+            kind = type(stmt)
+            if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+                assert isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef)
+                self._functions.append(stmt)
+                if cls is not None:
+                    self._class_of[stmt] = cls
+                    self._methods.setdefault(cls, {})[stmt.name] = stmt
+                elif top:
+                    self.toplevel_functions[stmt.name] = stmt
+                self._index(stmt.body, None, top=False)
+            elif kind is ast.ClassDef:
+                assert isinstance(stmt, ast.ClassDef)
+                if top:
+                    self.classes[stmt.name] = stmt
+                self._methods.setdefault(stmt, {})
+                self._index(stmt.body, stmt, top=False)
+            elif kind in _COMPOUND_STATEMENTS:
+                self._index(child_statements(stmt), cls, top=top and cls is None)
+
+    def release(self) -> None:
+        """Drop the cached facts (they reference the syntax tree)."""
+        self._texts.clear()
+        self._class_uses.clear()
+        self._self_attrs_assigned.clear()
+
+    def functions(self) -> list[AnyFunction]:
+        """Every function and method of the file, in source order of their headers."""
+        return self._functions
+
+    def class_of(self, func: AnyFunction) -> ast.ClassDef | None:
+        """The class `func` is a method of (directly in its body), or None."""
+        return self._class_of.get(func)
+
+    def methods(self, cls: ast.ClassDef) -> dict[str, AnyFunction]:
+        return self._methods.get(cls, {})
+
+    def is_module_class(self, cls: ast.ClassDef) -> bool:
+        """Whether `cls` subclasses nn.Module, judged by its own bases.
+
+        Stricter than the project index: a class of the same name elsewhere in the
+        project does not make a base-less `class MyModule:` a module.
+        """
+        known = self._module_classes.get(cls)
+        if known is None:
+            self._module_classes[cls] = False  # guards against cyclic bases
+            known = any(self._is_module_base(base) for base in cls.bases)
+            self._module_classes[cls] = known
+        return known
+
+    def _is_module_base(self, base: ast.expr) -> bool:
+        if isinstance(base, ast.Subscript):
+            base = base.value  # Generic[...] style bases
+        qual = self.ctx.qualname(base)
+        return qual is not None and self.is_module_class_name(qual)
+
+    def is_module_class_name(self, qual: str) -> bool:
+        """Whether a class name, resolved through this file's imports, is an nn.Module."""
+        last = qual.rsplit(".", 1)[-1]
+        if not last[:1].isupper() or last in _NON_MODULE_NN:
+            return False
+        if qual.startswith("torch."):
+            return qual.startswith("torch.nn.") and "functional" not in qual
+        local = self.classes.get(qual)
+        if local is not None:
+            return self.is_module_class(local)
+        if last in KNOWN_MODULE_BASES:
+            return True
+        if qual.startswith(("numpy.", "np.", "tensorflow.", "keras.", "jax.", "flax.")):
+            return False
+        return last in self.project.module_classes
+
+    def is_forward(self, func: AnyFunction) -> bool:
+        """`forward` of an nn.Module subclass."""
+        cls = self.class_of(func)
+        return func.name == "forward" and cls is not None and self.is_module_class(cls)
+
+    def text(self, node: ast.AST) -> str:
+        """The source lines of a statement-level node (cached; for cheap text gates)."""
+        found = self._texts.get(node)
+        if found is None:
+            if isinstance(node, ast.Module):
+                found = self.ctx.source
+            else:
+                first = getattr(node, "lineno", 1)
+                last = getattr(node, "end_lineno", None) or first
+                start = self.ctx.offset(first, 0)
+                end = self.ctx.offset(last + 1, 0) if last < len(self.ctx.lines) else None
+                found = self.ctx.source[start:end]
+            self._texts[node] = found
+        return found
+
+    def module_code_text(self) -> str:
+        """The text of the module-level code the module scope runs: the top-level
+        statements, with only the decorator lines of functions and classes."""
+        if self._module_code_text is None:
+            parts: list[str] = []
+            for stmt in self.ctx.tree.body:
+                if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    parts.extend(self.ctx.segment(dec) for dec in stmt.decorator_list)
+                else:
+                    parts.append(self.text(stmt))
+            self._module_code_text = "\n".join(parts)
+        return self._module_code_text
+
+    def mentions(self, node: ast.AST, *needles: str) -> bool:
+        """Whether the source text of `node` contains any of `needles`."""
+        text = self.text(node)
+        return any(n in text for n in needles)
+
+    def module_assigns(self, name: str) -> bool:
+        """Whether module-level code assigns `name` (imports and defs do not count).
+
+        Lets functions skip analysing the module for globals that cannot hold a fact.
+        """
+        if self._module_names is None:
+            names: set[str] = set()
+            todo: list[ast.stmt] = list(self.ctx.tree.body)
+            while todo:
+                stmt = todo.pop()
+                if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    continue
+                if isinstance(stmt, ast.Import | ast.ImportFrom):
+                    continue
+                for field in ("targets", "target", "items"):
+                    value = getattr(stmt, field, None)
+                    for node in value if isinstance(value, list) else [value]:
+                        if isinstance(node, ast.withitem):
+                            node = node.optional_vars
+                        if isinstance(node, ast.AST):
+                            names.update(_target_names(node))  # type: ignore[arg-type]
+                todo.extend(child_statements(stmt))
+            self._module_names = frozenset(names)
+        return name in self._module_names
+
+    def scopes_at(self, lines: Iterable[int]) -> list[ScopeNode]:
+        """The innermost scope of each line, without repeats, in first-seen order."""
+        return list(dict.fromkeys(self.innermost_scope(line) for line in lines))
+
+    def innermost_scope(self, line: int) -> ScopeNode:
+        """The innermost function whose text holds `line` (else the module)."""
+        found = self._innermost.get(line)
+        if found is None:
+            found = self.ctx.tree
+            # functions are listed in source order, nested ones after their parent: the
+            # last one starting at or before `line` that still spans it is innermost;
+            # the scan stops where no earlier function reaches `line` (a running maximum)
+            index = bisect.bisect_right(self._function_lines, line) - 1
+            while index >= 0 and self._reach[index] >= line:
+                func = self._functions[index]
+                if (func.end_lineno or func.lineno) >= line:
+                    found = func
+                    break
+                index -= 1
+            self._innermost[line] = found
+        return found
+
+    def _occurrences(self, name: str) -> list[tuple[int, bool]] | None:
+        """(line, is a call) of each use of the top-level function or class `name`.
+
+        None when `name` is also used as a value (a callback, a decorator, a base
+        class): then its calls cannot all be seen. The first few names are found in
+        the text; a file that asks about many gets one syntax-tree pass for all.
+        """
+        if name in self._uses:
+            return self._uses[name]
+        if len(self._uses) >= self.TEXT_SCANS:
+            if not self._uses_indexed:
+                self._index_uses()
+            return self._uses.get(name, [])
+        uses = self._scan_uses(name)
+        self._uses[name] = uses
+        return uses
+
+    def _scan_uses(self, name: str) -> list[tuple[int, bool]] | None:
+        """`name(` is a call; `name` followed by `,` `)` `]` `}` or a line end is a value;
+        prose in a docstring (`name the ...`) is neither."""
+        source = self.ctx.source
+        uses: list[tuple[int, bool]] = []
+        start = source.find(name)
+        while start >= 0:
+            end = start + len(name)
+            before = source[start - 1] if start else " "
+            after = source[end : end + 1]
+            if not (before.isalnum() or before in "_.\"'") and not (
+                after.isalnum() or after == "_"
+            ):
+                rest = source[end : line_end(source, end) + 1].lstrip(" \t")
+                head = source[line_start(source, start) : start]
+                if _DEF_OR_IMPORT.fullmatch(head):
+                    pass  # `def name(`, `class name(`, `import name`: not a use
+                elif rest.startswith("(") and not head.rstrip().endswith("@"):
+                    uses.append((self.ctx.line_of_offset(start), True))
+                elif (not rest or rest[0] in ",)]}\r\n" or head.rstrip().endswith("@")) and not (
+                    _DEF_OR_IMPORT.fullmatch(head)
+                ):
+                    return None
+            start = source.find(name, end)
+        return uses
+
+    def _index_uses(self) -> None:
+        """Every use of every top-level name, in one walk of the tree."""
+        self._uses_indexed = True
+        names = self.toplevel_functions.keys() | self.classes.keys()
+        uses: dict[str, list[tuple[int, bool]] | None] = {}
+        called: set[int] = set()
+        for node in walk(self.ctx.tree):  # breadth first: a call before its callee
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in names:
+                    found = uses.setdefault(node.func.id, [])
+                    if found is not None:
+                        found.append((node.lineno, True))
+                    called.add(id(node.func))
+            elif (
+                isinstance(node, ast.Name)
+                and node.id in names
+                and isinstance(node.ctx, ast.Load)
+                and id(node) not in called
+            ):
+                uses[node.id] = None
+        self._uses.update(uses)
+
+    def _method_uses(self, cls: ast.ClassDef) -> dict[str, tuple[int, int, list[AnyFunction]]]:
+        """Per method name `m`: (uses of `self.m`, calls `self.m(`, the methods calling it)."""
+        found = self._class_uses.get(cls)
+        if found is None:
+            found = {}
+            for method in self.methods(cls).values():
+                params = [*method.args.posonlyargs, *method.args.args]
+                me = params[0].arg if params else "self"
+                for match in _SELF_ATTRIBUTE_USE.finditer(self.text(method)):
+                    if match.group(1) != me:
+                        continue
+                    uses, calls, callers = found.get(match.group(2), (0, 0, []))
+                    if match.group(3):
+                        calls += 1
+                        if not callers or callers[-1] is not method:
+                            callers = [*callers, method]
+                    found[match.group(2)] = (uses + 1, calls, callers)
+            self._class_uses[cls] = found
+        return found

@@ -1,0 +1,334 @@
+"""The training-loop facts of one file, and of the sibling files it imports."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.analysis.event_collector import _EventCollector
+from torchdoctor.check.analysis.events import CALL, Event
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.grad_contexts import _MISSING, _MODE_SENSITIVE
+from torchdoctor.check.analysis.loop_index import LoopIndex
+from torchdoctor.check.analysis.mode_state import ModeResult, Summary
+from torchdoctor.check.analysis.modes import ModeInterpreter
+from torchdoctor.check.analysis.syntax import last_part
+from torchdoctor.check.context import (
+    FileContext,
+    walk,
+)
+from torchdoctor.check.lines import as_lf
+from torchdoctor.check.source_text import decode_source
+
+if TYPE_CHECKING:
+    pass
+
+
+class FileLoops(LoopIndex):
+    """The shared, lazily computed training-loop facts of one file."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._events: dict[int, list[Event]] = {}
+        self._modes: dict[int, ModeResult] = {}
+        self._summaries: dict[int, Summary | None] = {}
+
+    def release(self) -> None:
+        """Break the cycles (each function refers to this file, callers to callees,
+        summaries to their file) so that reference counting frees the syntax tree."""
+        for fi in (self.module, *self.functions):
+            vars(fi).clear()
+        vars(self).clear()
+        while _EVICTED:
+            sibling = _EVICTED.pop()
+            if sibling is not self:
+                sibling.ctx.close()
+                sibling.release()
+
+    def callers(self, fi: FunctionInfo) -> list[tuple[FunctionInfo, Event]]:
+        """The calls of `fi` in this file, with the function each is in."""
+        found: list[tuple[FunctionInfo, Event]] = []
+        if fi.is_module or fi.file is not self:
+            return found
+        needle = fi.name + "("
+        for other in self.all_functions():
+            if needle not in other.text:
+                continue
+            for event in self.events(other):
+                call = event.node
+                if event.kind != CALL or not isinstance(call, ast.Call):
+                    continue
+                func = call.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                if name != fi.name:
+                    continue
+                resolved = self.resolve(other, call, other_files=False)
+                if resolved is not None and resolved[0] is fi:
+                    found.append((other, event))
+        return found
+
+    # -- resolution ----------------------------------------------------------------
+    # -- does train/eval mode change what a model computes? --------------------------
+    def class_mode_sensitive(self, name: str, _depth: int = 0) -> bool | None:
+        """True: class `name` has Dropout/BatchNorm/...; False: provably none; None: unknown."""
+        found = self._sensitive.get(name, _MISSING)
+        if found is not _MISSING:
+            return found  # type: ignore[return-value]
+        self._sensitive[name] = None  # recursion guard
+        result = self._class_sensitive(name, _depth)
+        self._sensitive[name] = result
+        return result
+
+    def _class_sensitive(self, name: str, depth: int) -> bool | None:
+        cls = self.classes.get(name)
+        owner: FileLoops = self
+        if cls is None:
+            target = self.ctx.imports.get(name)
+            if target and "." in target.lstrip(".") and depth < 2:
+                module, _, cname = target.rpartition(".")
+                other = sibling_file(self.ctx, module)
+                if other is not None and cname in other.classes:
+                    return other.class_mode_sensitive(cname, depth + 1)
+            return None
+        text = owner.ctx.segment(cls)
+        if _MODE_SENSITIVE.search(text):
+            return True
+        verdict: bool | None = False
+        for base in cls.bases:
+            bname = owner.ctx.qualname(base) or ""
+            if bname.startswith("torch.") or bname in ("object", "Module"):
+                continue
+            sub = owner.class_mode_sensitive(last_part(bname), depth + 1)
+            if sub:
+                return True
+            if sub is None:
+                verdict = None
+        for node in walk(cls):
+            if not isinstance(node, ast.Call):
+                continue
+            cname = owner.ctx.qualname(node.func) or ""
+            last = last_part(cname)
+            if cname.startswith("torch.") or not last[:1].isupper() or last == name:
+                continue
+            sub = owner.class_mode_sensitive(last, depth + 1)
+            if sub:
+                return True
+            if sub is None and (
+                last in owner.ctx.project.module_classes or last not in owner.classes
+            ):
+                verdict = None  # an imported or unseen layer: it may have Dropout
+        for node in walk(cls):
+            # self.backbone = resnet18(): a module from a factory we cannot see
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and any(isinstance(t, ast.Attribute) for t in node.targets)
+            ):
+                cname = owner.ctx.qualname(node.value.func) or ""
+                if not cname.startswith(("torch.", "self.")) and not last_part(cname)[:1].isupper():
+                    verdict = None
+        return verdict
+
+    def key_mode_sensitive(self, key: str) -> bool | None:
+        """Same question for a variable, from every `key = Class(...)` in the file."""
+        assignment = re.compile(r"(?m)^[ \t]*" + re.escape(key) + r"[ \t]*=(?!=)[ \t]*(.*)$")
+        classes = set()
+        plain_layers = False
+        for m in assignment.finditer(as_lf(self.ctx.source)):
+            call = re.match(r"([\w.]+)\(", m.group(1))
+            if call is None:
+                return None  # assigned from something we cannot follow
+            name = last_part(call.group(1))
+            if name in ("DataParallel", "DistributedDataParallel", "DDP", "compile", "to"):
+                continue
+            head, _, rest = call.group(1).partition(".")
+            qual = self.ctx.imports.get(head, head) + ("." + rest if rest else "")
+            if qual.startswith("torch.nn.") and name not in (
+                "Sequential",
+                "ModuleList",
+                "ModuleDict",
+            ):
+                if _MODE_SENSITIVE.search(m.group(1)):
+                    return True  # nn.Dropout(...), nn.LSTM(..., dropout=0.5)
+                plain_layers = True
+                continue  # nn.Linear, nn.Conv2d, nn.LSTM: the same in both modes
+            if not name[:1].isupper():
+                return None  # a factory: get_model(...), resnet18(...)
+            classes.add(name)
+        if not classes:
+            return False if plain_layers else None
+        verdicts = [self.class_mode_sensitive(c) for c in classes]
+        if any(verdicts):
+            return True
+        return None if None in verdicts else False
+
+    def resolve(
+        self, fi: FunctionInfo, call: ast.Call, *, other_files: bool = True
+    ) -> tuple[FunctionInfo, bool] | None:
+        """The function `call` runs, and whether it is called as a method on `self`.
+
+        With `other_files`, names imported from a sibling module are looked up there
+        (which parses that file once); otherwise only this file is searched.
+        """
+        func = call.func
+        if isinstance(func, ast.Name):
+            scope: FunctionInfo | None = fi
+            while scope is not None:
+                if func.id in scope.nested:
+                    return scope.nested[func.id], False
+                scope = scope.parent
+            if func.id in self.top:
+                return self.top[func.id], False
+            target = self.ctx.imports.get(func.id)
+            # CapWords names are classes: constructing one runs no code we summarise
+            if other_files and target and "." in target.lstrip(".") and func.id[:1].islower():
+                module, _, name = target.rpartition(".")
+                other = sibling_file(self.ctx, module)
+                if other is not None and name in other.top:
+                    return other.top[name], False
+            return None
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            owner = func.value.id
+            if owner == "self":
+                scope = fi
+                while scope is not None and scope.cls is None:
+                    scope = scope.parent
+                if scope is not None and scope.cls is not None:
+                    method = self.methods.get(scope.cls.name, {}).get(func.attr)
+                    if method is not None:
+                        return method, True
+                return None
+            target = self.ctx.imports.get(owner)
+            if other_files and target is not None and func.attr[:1].islower():
+                other = sibling_file(self.ctx, target)
+                if other is not None and func.attr in other.top:
+                    return other.top[func.attr], False
+        return None
+
+    # -- lazily computed per function -------------------------------------------------
+    def events(self, fi: FunctionInfo) -> list[Event]:
+        cached = self._events.get(id(fi))
+        if cached is None:
+            cached = _EventCollector(self, fi).run()
+            self._events[id(fi)] = cached
+        return cached
+
+    def modes(self, fi: FunctionInfo) -> ModeResult:
+        cached = self._modes.get(id(fi))
+        if cached is None:
+            cached = ModeInterpreter(self, fi, entry=not fi.is_module).run()
+            self._modes[id(fi)] = cached
+        return cached
+
+    def summary(self, fi: FunctionInfo) -> Summary | None:
+        """What calling `fi` does to its arguments' modes; None while being computed."""
+        key = id(fi)
+        if key in self._summaries:
+            return self._summaries[key]
+        self._summaries[key] = None  # recursion guard
+        result = self.modes(fi).summary()
+        self._summaries[key] = result
+        return result
+
+
+def file_of(fi: FunctionInfo) -> FileLoops:
+    """The FileLoops `fi` belongs to (the file's own, or a sibling's)."""
+    assert isinstance(fi.file, FileLoops)  # FileLoops makes every FunctionInfo
+    return fi.file
+
+
+_SIBLINGS: OrderedDict[tuple[str, int, int], FileLoops | None] = OrderedDict()
+
+
+_SIBLING_LIMIT = 64
+
+
+# Siblings dropped from the cache while a file is checked: the analysis in progress may
+# still be using them, so they are released (their cycles broken) with that file.
+_EVICTED: list[FileLoops] = []
+
+
+_MAX_SIBLING_BYTES = 400_000
+
+
+# Files read as siblings while checking one file: the results cache keys on them too
+# (see `recording_siblings`); a stack, because nothing stops a caller from nesting.
+_READING: list[set[str]] = []
+
+
+@contextlib.contextmanager
+def recording_siblings() -> Iterator[set[str]]:
+    """Collect the paths of the sibling files analysed inside the `with` block."""
+    found: set[str] = set()
+    _READING.append(found)
+    try:
+        yield found
+    finally:
+        _READING.pop()
+
+
+def sibling_file(ctx: FileContext, module: str) -> FileLoops | None:
+    """The analysed file a dotted import names, looked up beside the checked file."""
+    level = len(module) - len(module.lstrip("."))
+    parts = [p for p in module.lstrip(".").split(".") if p]
+    if not parts or ctx.path in ("", "<stdin>"):
+        return None
+    base = os.path.dirname(os.path.abspath(ctx.path))
+    bases = []
+    if level:
+        for _ in range(level - 1):
+            base = os.path.dirname(base)
+        bases.append(base)
+    else:
+        for _ in range(3):  # the script's folder and the package roots above it
+            bases.append(base)
+            base = os.path.dirname(base)
+    for root in bases:
+        stem = os.path.join(root, *parts)
+        for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
+            if os.path.isfile(candidate):
+                if os.path.abspath(candidate) == os.path.abspath(ctx.path):
+                    return None
+                for reading in _READING:
+                    reading.add(os.path.abspath(candidate))
+                return _load_sibling(candidate, ctx)
+    return None
+
+
+def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key in _SIBLINGS:
+        _SIBLINGS.move_to_end(key)
+        return _SIBLINGS[key]
+    result: FileLoops | None = None
+    if st.st_size <= _MAX_SIBLING_BYTES:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+
+            source = decode_source(data)
+            tree = ast.parse(source, filename=path)
+            result = FileLoops(FileContext(path, source, tree, ctx.project))
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
+            result = None
+    _SIBLINGS[key] = result
+    if len(_SIBLINGS) > _SIBLING_LIMIT:
+        evicted = _SIBLINGS.popitem(last=False)[1]
+        if evicted is not None:
+            _EVICTED.append(evicted)
+    return result
+
+
+def analysis(ctx: FileContext) -> FileLoops:
+    """The shared training-loop facts of the file being checked (computed once, kept
+    on the context so they go with it)."""
+    return ctx.shared("loops", FileLoops)

@@ -1,0 +1,398 @@
+"""Calls: resolution to this file's functions, module calls, methods, call sites."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.analysis.scope_moves import ScopeMoves
+from torchdoctor.check.analysis.syntax import _is_static, dotted
+from torchdoctor.check.analysis.torch_api import _MODULE_SELF_METHODS, _trainable
+from torchdoctor.check.analysis.values import (
+    _TENSOR_KINDS,
+    NONE,
+    UNKNOWN,
+    AnyFunction,
+    CallSite,
+    Kind,
+    Mismatch,
+    Place,
+    Value,
+    _container_add,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+class ScopeCalls(ScopeMoves):
+    """Evaluates calls."""
+
+    # -- calls --------------------------------------------------------------------------------
+    def _eval_call(self, node: ast.expr) -> Value:
+        assert isinstance(node, ast.Call)
+        statement = self._statement_call is node
+        self._statement_call = None
+        func = node.func
+        recv: Value | None = None
+        if isinstance(func, ast.Attribute):
+            recv = self.eval(func.value)
+            if self._recording:
+                self._method_calls.setdefault(func.attr, []).append(node)
+                self._named_calls.setdefault(func.attr, []).append(node)
+            callee = UNKNOWN
+            key = dotted(func)
+            if key is not None and self.env is not None and key in self.env:
+                callee = self.env[key]
+            elif key is not None:
+                callee = self.global_value(key.split(".", 1)[0], key)
+        else:
+            callee = self.eval(func)
+            if self._recording and isinstance(func, ast.Name):
+                self._named_calls.setdefault(func.id, []).append(node)
+        args: list[Value] = []
+        opaque = False
+        for arg in node.args:
+            if isinstance(arg, ast.Starred):
+                opaque = True
+                args.append(self.eval(arg.value))
+            else:
+                args.append(self.eval(arg))
+        keywords: list[tuple[str | None, Value]] = []
+        for kw in node.keywords:
+            value = self.eval(kw.value)
+            keywords.append((kw.arg, value))
+            if kw.arg is None:
+                opaque = True
+        qual = self.ctx.qualname(func) or ""
+        result = self._call(node, qual, recv, callee, args, keywords, statement)
+        self._record_call_site(node, args, keywords, opaque)
+        if statement and result is UNKNOWN and self.env is not None:
+            self._forget_mutated(node, recv)
+        return result
+
+    def _record_call_site(
+        self,
+        node: ast.Call,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+        opaque: bool,
+    ) -> None:
+        if not self._recording:
+            return
+        func = node.func
+        if isinstance(func, ast.Name):
+            name = func.id
+        elif (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and self.self_name
+            and func.value.id == self.self_name
+        ):
+            name = f"self.{func.attr}"
+        else:
+            return
+        self.calls.append(
+            CallSite(
+                name,
+                node,
+                tuple(args),
+                tuple((k, v) for k, v in keywords if k is not None),
+                opaque,
+            )
+        )
+
+    def _forget_mutated(self, node: ast.Call, recv: Value | None) -> None:
+        """A dropped call of unknown effect may move or change its arguments in place."""
+        env = self.env
+        assert env is not None
+        for arg in [*node.args, *(kw.value for kw in node.keywords)]:
+            if isinstance(arg, ast.Starred):
+                arg = arg.value
+            key = dotted(arg)
+            if key is None:
+                continue
+            held = env.get(key)
+            if held is None:
+                continue
+            if held.kind is Kind.MODULE:
+                if held.place is not Place.DEVICE:  # helpers rarely move a module back
+                    self._set(key, dataclasses.replace(held, place=Place.UNKNOWN, fresh=False))
+            elif held.kind in (Kind.BATCH, Kind.CONTAINER):
+                self._set(key, UNKNOWN)
+        func = node.func
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and self.self_name
+            and func.value.id == self.self_name
+            and self.cls is not None
+        ):
+            method = self.ff.methods(self.cls).get(func.attr)
+            if method is not None:
+                assigned = self.ff.self_attrs_assigned(method)
+                prefix = self.self_name + "."
+                for key in [k for k in env if k.startswith(prefix)]:
+                    attr = key[len(prefix) :].split(".", 1)[0]
+                    if attr in assigned or "*" in assigned:
+                        del env[key]
+
+    def _call(
+        self,
+        node: ast.Call,
+        qual: str,
+        recv: Value | None,
+        callee: Value,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+        statement: bool,
+    ) -> Value:
+        func = node.func
+        if recv is not None and isinstance(func, ast.Attribute):
+            method = func.attr
+            if recv.kind is not Kind.UNKNOWN or recv.place is not Place.UNKNOWN:
+                result = self._method(node, func, method, recv, args, statement)
+                if result is not None:
+                    return result
+            elif method in ("to", "cuda", "cpu"):
+                result = self._move(node, func.value, recv, statement)
+                if result is not None:
+                    return result
+        if qual:
+            result = self._known_function(node, qual, args, keywords)
+            if result is not None:
+                return result
+        if callee.kind is Kind.MODULE or (
+            callee.kind is Kind.UNKNOWN and callee.place is Place.DEVICE
+        ):
+            return self._module_call(node, callee, args, keywords)
+        target = self._same_file_callee(func, recv)
+        if target is not None:
+            returned = self._follow_call(node, target, args, keywords)
+            if returned is not None and returned is not UNKNOWN:
+                return returned
+            return self.ff.returned_tensor(target)
+        return UNKNOWN
+
+    def _follow_call(
+        self,
+        node: ast.Call,
+        target: AnyFunction,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+    ) -> Value | None:
+        """Follow a call of this file's function with what it passes (when a tensor or
+        module with a known place is passed): its result, and a mismatch at the call
+        when a CPU tensor and a device tensor passed to it meet inside."""
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            return None
+        params = [*target.args.posonlyargs, *target.args.args]
+        if params and self.ff.class_of(target) is not None and not _is_static(target):
+            if isinstance(node.func, ast.Name):
+                return None  # a method called by its bare name: not this function
+            params = params[1:]
+        by_name = {a.arg: a for a in [*params, *target.args.kwonlyargs]}
+        passed: list[tuple[str, ast.expr, Value]] = []
+        for param, arg_node, value in zip(params, node.args, args, strict=False):
+            passed.append((param.arg, arg_node, value))
+        for kw, (name, value) in zip(node.keywords, keywords, strict=True):
+            if name is not None and name in by_name:
+                passed.append((name, kw.value, value))
+        if not any(v.place is not Place.UNKNOWN for _, _, v in passed):
+            return None
+        arguments = {p: v for p, _, v in passed if v is not UNKNOWN}
+        facts = self.ff.call_facts(target, arguments, self.depth)
+        if facts is None:
+            return None
+        if self._recording:
+            self._meetings_inside(node, target, passed, facts.mismatches)
+        return facts.returned
+
+    def _meetings_inside(
+        self,
+        node: ast.Call,
+        target: AnyFunction,
+        passed: list[tuple[str, ast.expr, Value]],
+        inside: tuple[Mismatch, ...],
+    ) -> None:
+        cpu = [
+            (p, n, v)
+            for p, n, v in passed
+            if v.place is Place.CPU and not v.scalar and v.kind in _TENSOR_KINDS
+        ]
+        device = [
+            (p, n, v)
+            for p, n, v in passed
+            if v.place is Place.DEVICE and v.kind in _TENSOR_KINDS and not v.maybe
+        ]
+        if not cpu or not device:
+            return
+        for m in inside:
+            for name, arg_node, value in cpu:
+                if m.cpu == value or (m.cpu.source is not None and m.cpu.source is value.source):
+                    line = getattr(m.site, "lineno", 0)
+                    self._mismatches[(id(node), id(arg_node))] = Mismatch(
+                        node,
+                        arg_node,
+                        value,
+                        device[0][1],
+                        device[0][2],
+                        "call",
+                        path=f"`{target.name}` combines its `{name}` with a tensor on the "
+                        f"device (line {line})",
+                        callee=target,
+                        inner=m,
+                    )
+                    break
+
+    def _same_file_callee(self, func: ast.expr, recv: Value | None) -> AnyFunction | None:
+        """The function of this file a call runs: `helper(...)`, `self.m(...)`,
+        `model.init_hidden(...)` on a module of a class defined here."""
+        ff = self.ff
+        if isinstance(func, ast.Name):
+            if self.env is not None and func.id in self.env:
+                return None  # a local variable, not the function
+            return ff.toplevel_functions.get(func.id)
+        if not isinstance(func, ast.Attribute):
+            return None
+        cls: ast.ClassDef | None = None
+        if isinstance(func.value, ast.Name) and self.self_name and func.value.id == self.self_name:
+            cls = self.cls
+        elif recv is not None and recv.kind is Kind.MODULE and recv.cls:
+            cls = ff.classes.get(recv.cls)
+        return ff.methods(cls).get(func.attr) if cls is not None else None
+
+    def _module_call(
+        self,
+        node: ast.Call,
+        callee: Value,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+    ) -> Value:
+        operands: list[tuple[ast.expr, Value]] = []
+        if callee.place is not Place.UNKNOWN:
+            operands.append((node.func, callee))
+        for arg_node, value in zip(node.args, args, strict=False):
+            arg_node = arg_node.value if isinstance(arg_node, ast.Starred) else arg_node
+            operands.extend(self._tensor_operands(arg_node, value))
+        for kw, (_, value) in zip(node.keywords, keywords, strict=False):
+            operands.extend(self._tensor_operands(kw.value, value))
+        tensors = [(n, v) for n, v in operands if v.tensor_like or n is node.func]
+        if callee.wrapper != "DataParallel":  # DataParallel scatters CPU inputs itself
+            self._meet(node, [(n, v) for n, v in tensors], "module")
+        maybe = False
+        if callee.place is not Place.UNKNOWN:
+            place = callee.place
+            device, device_line = callee.device, callee.device_line
+            assumed, is_input, maybe = callee.assumed, callee.is_input, callee.maybe
+        else:
+            moved = next((v for v in args if v.place is Place.DEVICE), None)
+            if moved is None:
+                moved = next((v for _, v in keywords if v.place is Place.DEVICE), None)
+            if moved is None:
+                if self._no_grad == 0 and _trainable(callee):
+                    # a module's output requires grad, wherever it is
+                    return Value(
+                        Kind.TENSOR,
+                        name=f"output of `{self._text(node.func)}`",
+                        line=node.lineno,
+                        grad=True,
+                        output=True,
+                    )
+                return UNKNOWN
+            place, device, device_line = Place.DEVICE, moved.device, moved.device_line
+            assumed, is_input, maybe = moved.assumed, moved.is_input, moved.maybe
+        return Value(
+            Kind.TENSOR,
+            place,
+            name=f"output of `{self._text(node.func)}`",
+            line=node.lineno,
+            device=device,
+            device_line=device_line,
+            grad=self._no_grad == 0 and _trainable(callee),
+            assumed=assumed,
+            is_input=is_input,
+            output=True,
+            maybe=maybe,
+        )
+
+    def _tensor_operands(self, node: ast.expr, value: Value) -> list[tuple[ast.expr, Value]]:
+        """An argument as operands: a tuple/list display counts element by element."""
+        if isinstance(node, ast.Tuple | ast.List) and value.items is not None:
+            out: list[tuple[ast.expr, Value]] = []
+            for elt, item in zip(node.elts, value.items, strict=False):
+                out.extend(self._tensor_operands(elt, item))
+            return out
+        return [(node, value)]
+
+    # -- methods -------------------------------------------------------------------------
+    def _method(
+        self,
+        node: ast.Call,
+        func: ast.Attribute,
+        method: str,
+        recv: Value,
+        args: list[Value],
+        statement: bool,
+    ) -> Value | None:
+        kind = recv.kind
+        if method in ("to", "cuda", "cpu"):
+            return self._move(node, func.value, recv, statement)
+        if kind is Kind.MODULE:
+            return self._module_method(node, method, recv, args)
+        if kind is Kind.CONTAINER:
+            return self._container_method(node, func, method, recv, args, statement)
+        if kind is Kind.LOADER:
+            return recv if method == "__iter__" else None
+        if kind is Kind.PARAMETERS:
+            return None
+        if kind in _TENSOR_KINDS:
+            return self._tensor_method(node, func, method, recv, args)
+        return None
+
+    def _module_method(
+        self, node: ast.Call, method: str, recv: Value, args: list[Value]
+    ) -> Value | None:
+        if method in _MODULE_SELF_METHODS:
+            return recv
+        if method == "parameters":
+            return Value(
+                Kind.PARAMETERS,
+                recv.place,
+                name=self._text(node.func.value),  # type: ignore[attr-defined]
+                device=recv.device,
+                device_line=recv.device_line,
+                grad=True,
+            )
+        if method == "named_parameters":
+            param = Value(Kind.PARAMETER, recv.place, device=recv.device, grad=True)
+            return Value(Kind.CONTAINER, element=Value(Kind.CONTAINER, items=(UNKNOWN, param)))
+        if method == "forward":
+            return self._module_call(node, recv, args, [])
+        return None
+
+    def _container_method(
+        self,
+        node: ast.Call,
+        func: ast.Attribute,
+        method: str,
+        recv: Value,
+        args: list[Value],
+        statement: bool,
+    ) -> Value | None:
+        key = dotted(func.value)
+        if method in ("append", "add", "insert") and args and key is not None:
+            self._set(key, _container_add(recv, Value(Kind.CONTAINER, element=args[-1])))
+            return NONE
+        if method == "extend" and args and key is not None:
+            self._set(key, _container_add(recv, args[0]))
+            return NONE
+        if method == "items":
+            item = recv.element or UNKNOWN
+            return Value(Kind.CONTAINER, element=Value(Kind.CONTAINER, items=(UNKNOWN, item)))
+        if method in ("values", "copy"):
+            return recv if method == "copy" else Value(Kind.CONTAINER, element=recv.element)
+        if method in ("get", "pop") and recv.element is not None:
+            return recv.element
+        return None

@@ -1,0 +1,222 @@
+"""The state of the scope interpreter: environment, recorded values, meetings of devices."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.analysis.interfaces import FileFacts
+from torchdoctor.check.analysis.syntax import _decorated_no_grad, _is_static, _local_names
+from torchdoctor.check.analysis.values import (
+    _TENSOR_KINDS,
+    UNKNOWN,
+    CallSite,
+    Conversion,
+    Env,
+    Kind,
+    Mismatch,
+    Move,
+    Place,
+    ScopeNode,
+    Value,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+class _LoopFrame:
+    __slots__ = ("breaks", "continues")
+
+    def __init__(self) -> None:
+        self.breaks: list[Env] = []
+        self.continues: list[Env] = []
+
+
+class ScopeCore:
+    """The interpreter's state: the environment, what each expression held, where
+    devices met. The layers above add expressions, library calls, moves, calls and
+    statements; `scope.ScopeFlow` is the whole interpreter."""
+
+    MAX_LOOP_PASSES = 3
+
+    def __init__(self, ff: FileFacts, node: ScopeNode, *, seeds: Env, depth: int = 0) -> None:
+        self.ff = ff
+        self.depth = depth  # calls followed with their arguments to get here (call_scope)
+        self.ctx = ff.ctx
+        self.node = node
+        self.seeds = seeds
+        self._values: dict[ast.AST, Value] = {}
+        self._mismatches: dict[tuple[int, int], Mismatch] = {}
+        self.moves: list[Move] = []
+        self.conversions: list[Conversion] = []  # tensors NumPy converts implicitly
+        self.calls: list[CallSite] = []
+        self._method_calls: dict[str, list[ast.Call]] = {}
+        self._named_calls: dict[str, list[ast.Call]] = {}
+        self.exit_env: Env = {}
+        self.returned: Value | None = None
+        self.moved_origins: set[tuple[str, int]] = set()  # batches moved here (name, line)
+        self._recording = True
+        self._no_grad = 0
+        self._loops: list[_LoopFrame] = []
+        self._statement_call: ast.Call | None = None
+        self.env: Env | None = None
+        self.is_function = not isinstance(node, ast.Module)
+        self.self_name = ""
+        self.cls: ast.ClassDef | None = None
+        self._locals: frozenset[str] | None = None  # computed on first need
+        self._globals: Env | None = None
+        if not isinstance(node, ast.Module):
+            self.cls = ff.class_of(node)
+            params = [*node.args.posonlyargs, *node.args.args]
+            if self.cls is not None and params and not _is_static(node):
+                self.self_name = params[0].arg
+            if _decorated_no_grad(node, ff.ctx):
+                self._no_grad = 1
+
+    # -- implemented by the layers above (scope_exprs ... scope) ---------------------------
+    def eval(self, node: ast.expr) -> Value:
+        """The value of `node` (recorded for `value()` queries); see `ScopeFlow.eval`."""
+        raise NotImplementedError
+
+    def _bind(self, target: ast.expr, value: Value) -> None:
+        raise NotImplementedError
+
+    def _peek(self, node: ast.expr) -> Value:
+        raise NotImplementedError
+
+    def device_target(self, target: ast.expr) -> tuple[Place, str] | None:
+        raise NotImplementedError
+
+    # -- queries -------------------------------------------------------------------------
+    def value(self, node: ast.AST) -> Value:
+        return self._values.get(node, UNKNOWN)
+
+    @property
+    def mismatches(self) -> list[Mismatch]:
+        return list(self._mismatches.values())
+
+    def method_calls(self, name: str) -> list[ast.Call]:
+        """Every `x.name(...)` call evaluated in the scope, in evaluation order."""
+        return self._method_calls.get(name, [])
+
+    def calls_named(self, name: str) -> list[ast.Call]:
+        """Every `name(...)` or `x.name(...)` call evaluated in the scope."""
+        return self._named_calls.get(name, [])
+
+    # -- environment -------------------------------------------------------------------------
+    def lookup(self, name: str) -> Value:
+        env = self.env
+        if env is not None and name in env:
+            return env[name]
+        return self.global_value(name, name)
+
+    def global_value(self, root: str, key: str) -> Value:
+        """The module-level value of `key` (a name or `name.attr`), if `root` is not local."""
+        if isinstance(self.node, ast.Module):
+            return UNKNOWN  # at module level every name is the scope's own
+        if not self.ff.module_assigns(root):
+            return UNKNOWN
+        if self._globals is None:
+            self._globals = self.ff.module_exit_env()
+        if key not in self._globals:
+            return UNKNOWN
+        if self._locals is None:
+            self._locals = _local_names(self.node)
+        return UNKNOWN if root in self._locals else self._globals[key]
+
+    def _set(self, key: str, value: Value) -> None:
+        env = self.env
+        if env is None:
+            return
+        if "." in key:
+            if self.self_name and key.startswith(self.self_name + ".") and value.fresh:
+                value = dataclasses.replace(value, fresh=False)  # registered on self
+        else:
+            prefix = key + "."
+            for other in [k for k in env if k.startswith(prefix)]:
+                del env[other]
+        if value.kind is Kind.UNKNOWN and value.place is Place.UNKNOWN:
+            env.pop(key, None)
+        else:
+            env[key] = value
+
+    # -- operations ---------------------------------------------------------------------------
+    def _binary(
+        self,
+        site: ast.AST,
+        operands: list[tuple[ast.expr, Value]],
+        *,
+        grad: bool = True,
+    ) -> Value:
+        """Arithmetic/comparison of tensors: the result, and a mismatch if devices differ."""
+        tensors = [(n, v) for n, v in operands if v.kind in _TENSOR_KINDS and v.tensor_like]
+        if not tensors:
+            return UNKNOWN
+        self._meet(site, tensors, "operator")
+        return self._combined([v for _, v in tensors], grad=grad)
+
+    def _combined(self, values: list[Value], *, grad: bool = True) -> Value:
+        """A tensor computed from `values`: on the device if any is, else on the CPU."""
+        devices = [v for v in values if v.place is Place.DEVICE]
+        cpus = [v for v in values if v.place is Place.CPU]
+        needs_grad = grad and self._no_grad == 0 and any(v.grad for v in values)
+        if devices:
+            first = next((v for v in devices if not v.maybe), devices[0])
+            return Value(
+                Kind.TENSOR,
+                Place.DEVICE,
+                name=first.name,
+                device=first.device,
+                device_line=first.device_line,
+                assumed=first.assumed,
+                is_input=first.is_input,
+                maybe=first.maybe,
+                grad=needs_grad,
+                scalar=all(v.scalar for v in values),
+                output=first.output,
+            )
+        if cpus and len(cpus) == len(values):
+            first = next((v for v in cpus if not v.scalar), cpus[0])
+            return Value(
+                Kind.TENSOR,
+                Place.CPU,
+                name=first.name,
+                line=first.line,
+                assumed=any(v.assumed for v in cpus),
+                grad=needs_grad,
+                scalar=all(v.scalar for v in values),
+                source=first.source,
+                dropped_line=first.dropped_line,
+            )
+        return Value(Kind.TENSOR, grad=needs_grad) if needs_grad else UNKNOWN
+
+    def _meet(self, site: ast.AST, operands: list[tuple[ast.expr, Value]], via: str) -> None:
+        """Record CPU operands meeting a device operand (0-dim CPU tensors are allowed)."""
+        if not self._recording:
+            return
+        device = next(
+            ((n, v) for n, v in operands if v.place is Place.DEVICE and v.kind is not Kind.DEVICE),
+            None,
+        )
+        if device is None:
+            return
+        for node, value in operands:
+            if value.place is Place.CPU and not value.scalar and value.kind in _TENSOR_KINDS:
+                key = (id(site), id(node))
+                self._mismatches[key] = Mismatch(site, node, value, device[0], device[1], via)
+
+    def _converted(self, site: ast.AST, node: ast.expr, value: Value, how: str) -> None:
+        """Record tensors (also inside a list or tuple) that NumPy converts with `.numpy()`."""
+        if not self._recording:
+            return
+        inside = value.items or ((value.element,) if value.element is not None else ())
+        for held in (value, *(inside if value.kind is Kind.CONTAINER else ())):
+            if held.kind in _TENSOR_KINDS and held.kind is not Kind.UNKNOWN:
+                self.conversions.append(Conversion(site, node, held, how))
+                return
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _text(self, node: ast.AST) -> str:
+        return self.ctx.segment(node)

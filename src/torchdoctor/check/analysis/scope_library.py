@@ -1,0 +1,340 @@
+"""Calls of well-known library functions: torch factories, modules, loaders, optimizers."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.analysis.scope_exprs import ScopeExprs
+from torchdoctor.check.analysis.syntax import _is_zero, dotted
+from torchdoctor.check.analysis.torch_api import (
+    _MEETING_NAMESPACES,
+    _NON_MEETING_TORCH,
+    _NOT_OPTIMIZERS,
+    _PASS_THROUGH_ITERATORS,
+    DATA_PARALLEL,
+    FACTORIES,
+    IDENTITY_FUNCTIONS,
+    LEGACY_CONSTRUCTORS,
+    LIKE_FACTORIES,
+    NUMPY_ARRAY_FACTORIES,
+    NUMPY_CONVERTING,
+    OPTIMIZER_PREFIX,
+    REDUCTIONS,
+)
+from torchdoctor.check.analysis.values import UNKNOWN, Kind, Place, Value
+from torchdoctor.check.context import (
+    walk,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+# NumPy factories whose first argument is the shape.
+_SHAPED = frozenset({"zeros", "ones", "empty", "full"})
+
+
+class ScopeLibrary(ScopeExprs):
+    """What calls of torch and its ecosystem return."""
+
+    # -- known functions -------------------------------------------------------------------
+    def _known_function(
+        self,
+        node: ast.Call,
+        qual: str,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+    ) -> Value | None:
+        last = qual.rsplit(".", 1)[-1]
+        if qual in IDENTITY_FUNCTIONS:
+            return args[0] if args and args[0] is not UNKNOWN else None
+        if qual.startswith("torch."):
+            return self._torch_function(node, qual, last, args, keywords)
+        if qual.startswith("numpy.") and qual.count(".") == 1:
+            if last in NUMPY_CONVERTING:
+                for arg_node, value in zip(node.args, args, strict=False):
+                    self._converted(node, arg_node, value, f"`{qual}`")
+            if last in NUMPY_ARRAY_FACTORIES or last in NUMPY_CONVERTING:
+                shape = node.args[0] if node.args and last in _SHAPED else None
+                ndim = len(shape.elts) if isinstance(shape, ast.Tuple | ast.List) else 0
+                if isinstance(shape, ast.Constant) and isinstance(shape.value, int):
+                    ndim = 1
+                return Value(Kind.ARRAY, line=node.lineno, source=node, ndim=ndim)
+        if last in _PASS_THROUGH_ITERATORS and args:
+            return args[0] if args[0].kind is not Kind.UNKNOWN else None
+        if qual == "enumerate" and args:
+            element = self._element(args[0], node.args[0])
+            return Value(Kind.CONTAINER, element=Value(Kind.CONTAINER, items=(UNKNOWN, element)))
+        if qual == "zip" and args and not any(isinstance(a, ast.Starred) for a in node.args):
+            items = tuple(self._element(v, n) for v, n in zip(args, node.args, strict=False))
+            return Value(Kind.CONTAINER, element=Value(Kind.CONTAINER, items=items))
+        if qual == "next" and args:
+            return self._element(args[0], node.args[0])
+        if qual in ("list", "tuple", "sorted", "reversed", "set") and len(args) == 1:
+            arg = args[0]
+            if arg.kind is Kind.CONTAINER:
+                return arg
+            if arg.kind is Kind.PARAMETERS:
+                return Value(Kind.CONTAINER, element=self._element(arg, None))
+            return None
+        if last == "DataLoader" and (qual == "DataLoader" or qual.startswith("torch_geometric.")):
+            return self._data_loader(node, args, keywords)
+        if self._is_module_class(qual):
+            return self._construct_module(node, qual, keywords)
+        vision = qual.startswith("torchvision.datasets.") and last[:1].isupper()
+        if vision or (last.endswith("Dataset") and last[:1].isupper()):
+            # samples are CPU tensors, unless the dataset's class moves them itself
+            moving = last in getattr(self.ff.project, "moving_classes", ()) or any(
+                kw.arg in ("device", None) for kw in node.keywords
+            )
+            place = Place.UNKNOWN if moving else Place.CPU
+            return Value(Kind.DATASET, place, cls=last, assumed=moving, line=node.lineno)
+        if last.startswith("Auto") and "Model" in qual and ".from_pretrained" in f".{qual}":
+            return Value(Kind.MODULE, name="", cls=last, line=node.lineno, source=node, fresh=True)
+        if qual.startswith("timm.") and last == "create_model":
+            return Value(Kind.MODULE, cls="timm", line=node.lineno, source=node, fresh=True)
+        if qual.startswith("torchvision.models.") and last[:1].islower():
+            return Value(Kind.MODULE, cls=last, line=node.lineno, source=node, fresh=True)
+        return None
+
+    def _is_module_class(self, qual: str) -> bool:
+        if qual.startswith("torch.") and not (
+            qual.startswith("torch.nn.") and qual.count(".") == 2
+        ):
+            return False  # torch.nn.utils..., torch.optim...: not layers
+        return self.ff.is_module_class_name(qual)
+
+    def _construct_module(
+        self, node: ast.Call, qual: str, keywords: list[tuple[str | None, Value]]
+    ) -> Value:
+        last = qual.rsplit(".", 1)[-1]
+        if qual in DATA_PARALLEL or last in ("DataParallel", "DistributedDataParallel"):
+            inner = self.value(node.args[0]) if node.args else UNKNOWN
+            if inner is UNKNOWN and node.args:
+                inner = self._peek(node.args[0])
+            return dataclasses.replace(
+                inner if inner.kind is Kind.MODULE else Value(Kind.MODULE),
+                wrapper=last,
+                source=node,
+                name="",
+            )
+        place = Place.UNKNOWN
+        device = ""
+        for kw in node.keywords:
+            if kw.arg == "device":
+                target = self.device_target(kw.value)
+                if target is not None:
+                    place, device = target
+        return Value(
+            Kind.MODULE,
+            place,
+            cls=last,
+            line=node.lineno,
+            source=node,
+            fresh=place is Place.UNKNOWN,
+            device=device,
+            device_line=node.lineno if device else 0,
+        )
+
+    def _data_loader(
+        self,
+        node: ast.Call,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+    ) -> Value:
+        dataset = args[0] if args else UNKNOWN
+        pinned: bool | None = False
+        place = Place.CPU
+        for kw in node.keywords:
+            if kw.arg is None:
+                pinned = None
+                place = Place.UNKNOWN
+            elif kw.arg == "dataset":
+                dataset = self.value(kw.value)
+            elif kw.arg == "pin_memory":
+                value = kw.value
+                given = value.value if isinstance(value, ast.Constant) else None
+                pinned = given if isinstance(given, bool) else None
+            elif kw.arg == "collate_fn":
+                place = Place.UNKNOWN  # a collate function may move the batch
+        if dataset.place is not Place.UNKNOWN:
+            place = dataset.place
+        elif dataset.kind is Kind.DATASET and dataset.assumed:
+            place = Place.UNKNOWN
+        return Value(Kind.LOADER, place, line=node.lineno, pinned=pinned, source=node)
+
+    def _torch_function(
+        self,
+        node: ast.Call,
+        qual: str,
+        last: str,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+    ) -> Value | None:
+        if qual.count(".") == 1 and last in FACTORIES:
+            return self._factory(node, qual, last)
+        if qual.count(".") == 1 and last in LEGACY_CONSTRUCTORS:
+            # `torch.FloatTensor([n])`: on the CPU, whatever the arguments
+            return Value(Kind.TENSOR, Place.CPU, name=qual, line=node.lineno, source=node)
+        if qual.count(".") == 1 and last in LIKE_FACTORIES:
+            base = args[0] if args else UNKNOWN
+            for kw in node.keywords:
+                if kw.arg == "device":
+                    target = self.device_target(kw.value)
+                    if target is not None:
+                        return Value(Kind.TENSOR, target[0], device=target[1], source=node)
+            if base.place is Place.UNKNOWN:
+                return Value(Kind.TENSOR)
+            return Value(
+                Kind.TENSOR,
+                base.place,
+                name=base.name,
+                device=base.device,
+                device_line=base.device_line,
+                assumed=base.assumed,
+                is_input=base.is_input,
+            )
+        if qual == "torch.device":
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and first.value == "cpu":
+                return Value(Kind.DEVICE, Place.CPU, line=node.lineno)
+            return Value(Kind.DEVICE, Place.DEVICE, line=node.lineno, device=self._text(node))
+        if qual in ("torch.nn.Parameter", "torch.nn.parameter.Parameter"):
+            data = args[0] if args else UNKNOWN
+            return Value(
+                Kind.PARAMETER,
+                data.place,
+                grad=True,
+                line=node.lineno,
+                source=node,
+                device=data.device,
+                assumed=data.assumed,
+            )
+        if qual.startswith(OPTIMIZER_PREFIX) and last[:1].isupper():
+            if last not in _NOT_OPTIMIZERS and ".lr_scheduler." not in qual:
+                self._optimizer_built(node)
+                return Value(Kind.OPTIMIZER, line=node.lineno, source=node)
+            return None
+        if qual == "torch.utils.data.DataLoader":
+            return self._data_loader(node, args, keywords)
+        if qual == "torch.utils.data.TensorDataset":
+            return self._tensor_dataset(args)
+        if self._is_module_class(qual) or qual in DATA_PARALLEL:
+            return self._construct_module(node, qual, keywords)
+        # (private ops such as `torch._nested_view_from_buffer` take CPU metadata tensors)
+        public = qual.count(".") == 1 and not last.startswith("_")
+        meets = (public and last not in _NON_MEETING_TORCH) or qual.startswith(_MEETING_NAMESPACES)
+        if not meets:
+            return None
+        operands: list[tuple[ast.expr, Value]] = []
+        for arg_node, value in zip(node.args, args, strict=False):
+            if isinstance(arg_node, ast.List | ast.Tuple):
+                for elt in arg_node.elts:
+                    item = self.value(elt) if self._recording else UNKNOWN
+                    if item is UNKNOWN:
+                        item = self._peek(elt)
+                    if item.tensor_like:
+                        operands.append((elt, item))
+            elif value.tensor_like:
+                operands.append((arg_node, value))
+            elif value.kind is Kind.CONTAINER and value.element and value.element.tensor_like:
+                operands.append((arg_node, value.element))
+        for kw, (_, value) in zip(node.keywords, keywords, strict=False):
+            if value.tensor_like:
+                operands.append((kw.value, value))
+        if len(operands) > 1:
+            self._meet(node, operands, "torch")
+        if not operands:
+            return None
+        result = self._combined([v for _, v in operands])
+        if result is not UNKNOWN and result.place is Place.CPU:
+            cpu_sources = [v.source for _, v in operands if v.source is not None]
+            if cpu_sources:
+                result = dataclasses.replace(result, source=cpu_sources[0])
+        if last in REDUCTIONS and result is not UNKNOWN:
+            no_dim = len(node.args) < 2 and not any(k.arg == "dim" for k in node.keywords)
+            result = dataclasses.replace(result, scalar=no_dim)
+        return result
+
+    def _factory(self, node: ast.Call, qual: str, last: str) -> Value:
+        place = Place.CPU
+        device = ""
+        grad = False
+        for kw in node.keywords:
+            if kw.arg == "device":
+                target = self.device_target(kw.value)
+                if target is None:
+                    place = Place.UNKNOWN
+                else:
+                    place, device = target
+            elif kw.arg == "requires_grad":
+                grad = isinstance(kw.value, ast.Constant) and kw.value.value is True
+            elif kw.arg is None:
+                place = Place.UNKNOWN
+        scalar = False
+        if last in ("tensor", "as_tensor", "scalar_tensor"):
+            data = node.args[0] if node.args else None
+            if last == "scalar_tensor":
+                scalar = True
+            elif isinstance(data, ast.List | ast.Tuple) and not data.elts:
+                scalar = True  # torch.tensor([]): an empty placeholder
+            elif not isinstance(data, ast.List | ast.Tuple | ast.ListComp):
+                held = self.value(data) if data is not None and self._recording else UNKNOWN
+                if held is UNKNOWN and data is not None:
+                    held = self._peek(data)
+                if held.kind in (Kind.TENSOR, Kind.PARAMETER, Kind.BATCH):
+                    if "device" not in {k.arg for k in node.keywords}:
+                        place = held.place
+                    scalar = held.scalar
+                elif held.kind is not Kind.CONTAINER and held.kind is not Kind.ARRAY:
+                    scalar = True  # a number, or not known to be a sequence
+        elif node.args and last in ("zeros", "ones", "empty", "full", "rand", "randn"):
+            shape = node.args[0]
+            if isinstance(shape, ast.Tuple | ast.List):
+                # shape (): 0-dim; shape [0]: an empty placeholder, never computed with
+                scalar = not shape.elts or (
+                    len(shape.elts) == 1 and _is_zero(shape.elts[0]) and len(node.args) == 1
+                )
+            elif _is_zero(shape) and len(node.args) == 1:
+                scalar = True
+        return Value(
+            Kind.TENSOR,
+            place,
+            name=qual,
+            line=node.lineno,
+            device=device,
+            device_line=node.lineno if device else 0,
+            grad=grad,
+            scalar=scalar,
+            source=node,
+        )
+
+    def _tensor_dataset(self, args: list[Value]) -> Value:
+        places = {a.place for a in args}
+        if Place.DEVICE in places:
+            return Value(Kind.DATASET, Place.DEVICE)
+        if places == {Place.CPU}:
+            return Value(Kind.DATASET, Place.CPU)
+        return Value(Kind.DATASET)
+
+    def _optimizer_built(self, node: ast.Call) -> None:
+        """Mark each `model` whose `model.parameters()` feeds this optimizer."""
+        if self.env is None:
+            return
+        for sub in walk(node):
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr in ("parameters", "named_parameters")
+            ):
+                key = dotted(sub.func.value)
+                if key is None:
+                    continue
+                # `model.classifier.parameters()`: the optimizer depends on `model` too,
+                # which is what gets moved (updated in place: its attribute facts stay)
+                for name in dict.fromkeys((key, key.split(".", 1)[0])):
+                    held = self.env.get(name)
+                    if held is not None and held.kind is Kind.MODULE and held.optimizer is None:
+                        self.env[name] = dataclasses.replace(held, optimizer=node)

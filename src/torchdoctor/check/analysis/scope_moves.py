@@ -1,0 +1,228 @@
+"""Tensor methods and moves: `.to()`, `.cuda()`, `.cpu()` and the device they target."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.analysis.scope_library import ScopeLibrary
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.torch_api import (
+    _COMPARISONS,
+    _DEVICE_HOLDERS,
+    _INDEX_RESULTS,
+    _NON_TENSOR_METHODS,
+    DTYPE_NAMES,
+    MEETING_METHODS,
+    PRESERVING_METHODS,
+    REDUCTIONS,
+    is_dtype_text,
+)
+from torchdoctor.check.analysis.values import (
+    _TENSOR_KINDS,
+    UNKNOWN,
+    Kind,
+    Move,
+    Place,
+    Value,
+    _tensor_kind,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+class ScopeMoves(ScopeLibrary):
+    """Tensor methods, and the moves between devices."""
+
+    def _tensor_method(
+        self,
+        node: ast.Call,
+        func: ast.Attribute,
+        method: str,
+        recv: Value,
+        args: list[Value],
+    ) -> Value | None:
+        kind = recv.kind
+        if kind is Kind.BATCH and not recv.part:
+            if method == "items":
+                part = dataclasses.replace(recv, part=True)
+                return Value(Kind.CONTAINER, element=Value(Kind.CONTAINER, items=(UNKNOWN, part)))
+            if method == "values":
+                return Value(Kind.CONTAINER, element=dataclasses.replace(recv, part=True))
+            if method in ("get", "pop"):
+                return dataclasses.replace(recv, part=True)
+        if method == "numpy":
+            return Value(Kind.ARRAY)
+        if method in ("detach", "detach_"):
+            return dataclasses.replace(recv, grad=False, kind=_tensor_kind(recv))
+        if method in _NON_TENSOR_METHODS:
+            return UNKNOWN
+        if method == "type_as" and args:
+            other = args[0]
+            if other.place is not Place.UNKNOWN:
+                return dataclasses.replace(
+                    recv, place=other.place, device=other.device, device_line=node.lineno
+                )
+            return UNKNOWN
+        if method.startswith("new_"):
+            return Value(
+                Kind.TENSOR,
+                recv.place,
+                name=recv.name,
+                device=recv.device,
+                device_line=recv.device_line,
+                assumed=recv.assumed,
+                is_input=recv.is_input,
+            )
+        if method in REDUCTIONS:
+            result = self._combined([recv])
+            if result is UNKNOWN:
+                return UNKNOWN
+            no_dim = not node.args and not any(k.arg == "dim" for k in node.keywords)
+            return dataclasses.replace(result, scalar=no_dim, source=recv.source)
+        if method in MEETING_METHODS:
+            comparison = method in _COMPARISONS
+            operands = [(func.value, recv)]
+            for arg_node, value in zip(node.args, args, strict=False):
+                if value.tensor_like:
+                    operands.append((arg_node, value))
+            if len(operands) > 1:
+                self._meet(node, operands, "method")
+            result = self._combined([recv] + [v for _, v in operands[1:]], grad=not comparison)
+            if result is not UNKNOWN and result.place is recv.place:
+                result = dataclasses.replace(result, source=recv.source)
+            return result
+        if method in PRESERVING_METHODS:
+            reshaping = method in ("view", "reshape", "unsqueeze", "expand", "repeat")
+            kind = _tensor_kind(recv)
+            if recv.kind is Kind.PARAMETER and method in DTYPE_NAMES:
+                kind = Kind.PARAMETER  # `.float()` of a float32 parameter returns itself
+            return dataclasses.replace(
+                recv,
+                kind=kind,
+                grad=(recv.grad and method not in _INDEX_RESULTS) or method == "requires_grad_",
+                scalar=False if reshaping else recv.scalar,
+                output=False,
+            )
+        return None
+
+    def _move(
+        self, node: ast.Call, receiver: ast.expr, recv: Value, statement: bool
+    ) -> Value | None:
+        """`x.to(...)`, `x.cuda()`, `x.cpu()`: the moved value (None: not a move)."""
+        method = node.func.attr  # type: ignore[attr-defined]
+        if method == "cpu":
+            target: tuple[Place, str] | None = (Place.CPU, "'cpu'")
+        elif method == "cuda":
+            target = (Place.DEVICE, '"cuda"')
+        else:
+            target = self._to_target(node)
+        if target is None:
+            # a dtype conversion: same place
+            if recv.kind is Kind.MODULE:
+                if self._recording:
+                    self.moves.append(Move(node, receiver, recv, recv, statement, dtype_only=True))
+                return recv
+            converted: Value | None = None
+            if recv.kind in _TENSOR_KINDS and recv.place is not Place.UNKNOWN:
+                converted = dataclasses.replace(recv, kind=_tensor_kind(recv), output=False)
+            if self._recording and recv.kind is not Kind.UNKNOWN:
+                after = converted or recv
+                self.moves.append(Move(node, receiver, recv, after, statement, dtype_only=True))
+            return converted
+        place, device_text = target
+        kind = recv.kind
+        if kind is Kind.PARAMETER:
+            kind = Kind.TENSOR
+        moved_module = kind is Kind.MODULE or (kind is Kind.UNKNOWN and statement)
+        if kind is Kind.UNKNOWN and statement:
+            kind = Kind.MODULE  # Tensor.to is not in place: a dropped .to() is a module's
+        after = dataclasses.replace(
+            recv,
+            kind=kind,
+            place=place,
+            device=device_text,
+            device_line=node.lineno,
+            assumed=False,
+            is_input=False,
+            fresh=False,
+            dropped_line=0,
+            output=recv.output,
+        )
+        if kind is Kind.BATCH and self._recording and place is Place.DEVICE:
+            self.moved_origins.add((recv.name, recv.line))
+        if self._recording:
+            self.moves.append(Move(node, receiver, recv, after, statement))
+        if statement:
+            key = dotted(receiver)
+            if key is not None:
+                if moved_module:
+                    self._set(key, after)
+                elif kind is Kind.BATCH and not recv.part:
+                    self._set(key, UNKNOWN)  # a custom batch may move in place
+                elif recv.kind in _TENSOR_KINDS and recv.kind is not Kind.UNKNOWN:
+                    self._set(key, dataclasses.replace(recv, dropped_line=node.lineno))
+        return after
+
+    def _to_target(self, node: ast.Call) -> tuple[Place, str] | None:
+        """Where `.to(...)` sends a tensor; None for a dtype-only conversion."""
+        target: ast.expr | None = None
+        for kw in node.keywords:
+            if kw.arg == "device":
+                target = kw.value
+        if target is None:
+            if not node.args:
+                return None
+            target = node.args[0]
+            if isinstance(target, ast.Starred):
+                return None
+        return self.device_target(target)
+
+    def device_target(self, target: ast.expr) -> tuple[Place, str] | None:
+        """Place and text of a device argument (`device`, "cuda", torch.device(...))."""
+        text = self._text(target)
+        if isinstance(target, ast.Constant):
+            if target.value == "cpu":
+                return Place.CPU, text
+            if isinstance(target.value, str | int) and not isinstance(target.value, bool):
+                return Place.DEVICE, text
+            return None
+        held = self.value(target) if self._recording else UNKNOWN
+        if held is UNKNOWN:
+            held = self._peek(target)
+        if held.kind is Kind.DEVICE:
+            return (held.place if held.place is not Place.UNKNOWN else Place.DEVICE), text
+        if held.kind in (Kind.TENSOR, Kind.PARAMETER, Kind.BATCH) and held.place is not (
+            Place.UNKNOWN
+        ):
+            return held.place, held.device or f"{text}.device"
+        if held.kind in (Kind.TENSOR, Kind.PARAMETER, Kind.BATCH, Kind.ARRAY):
+            return None  # to(other tensor) of unknown place
+        if isinstance(target, ast.Attribute) and target.attr == "device":
+            base_value = self._peek(target.value)
+            last = (dotted(target.value) or "").rsplit(".", 1)[-1]
+            if base_value.kind is not Kind.MODULE and last not in _DEVICE_HOLDERS:
+                return Place.UNKNOWN, text  # wherever that tensor is
+        qual = self.ctx.qualname(target) or ""
+        if qual and is_dtype_text(qual):
+            return None
+        if is_dtype_text(text):
+            return None
+        if isinstance(target, ast.Call) and self.ctx.call_name(target) == "torch.device":
+            first = target.args[0] if target.args else None
+            if isinstance(first, ast.Constant) and first.value == "cpu":
+                return Place.CPU, text
+        return Place.DEVICE, text
+
+    def _peek(self, node: ast.expr) -> Value:
+        """The value of a simple expression without recording anything."""
+        key = dotted(node)
+        if key is None:
+            return UNKNOWN
+        if "." not in key:
+            return self.lookup(key)
+        if self.env is not None and key in self.env:
+            return self.env[key]
+        return UNKNOWN

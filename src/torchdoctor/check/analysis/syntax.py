@@ -1,0 +1,193 @@
+"""Questions about syntax alone: dotted names, bound names, decorators, guards, text scans."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from torchdoctor.check.analysis.torch_api import _NO_GRAD_CONTEXTS
+from torchdoctor.check.analysis.values import AnyFunction, Env
+from torchdoctor.check.context import (
+    FileContext,
+    iter_children,
+    offsets,
+    walk,
+)
+from torchdoctor.check.lines import line_start
+
+if TYPE_CHECKING:
+    pass
+
+
+def dotted(node: ast.AST) -> str | None:
+    """`self.model.fc` -> "self.model.fc"; None unless a Name/Attribute chain."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def last_part(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+
+
+def words(text: str) -> list[str]:
+    """`runValidation_epoch` -> ["run", "validation", "epoch"] (lowercase)."""
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+_COMPOUND_STATEMENTS = frozenset(
+    {ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try}
+    | {getattr(ast, name) for name in ("TryStar", "Match") if hasattr(ast, name)}
+)
+
+
+_ASSIGNED_ATTR: dict[str, re.Pattern[str]] = {}
+
+
+# A function that may return a tensor it makes: a factory call and a return.
+_RETURNS_FACTORY = re.compile(
+    r"\btorch\.(?:zeros|ones|empty|full|rand|randn|randint|arange|tensor|eye|linspace)\("
+    r"[\s\S]*\breturn\b|\breturn\b[^\r\n]*\btorch\.(?:zeros|ones|empty|full|rand|randn)\("
+)
+
+
+_SELF_ATTRIBUTE_USE = re.compile(r"(?<![\w.])(\w+)\.(\w+)\b(\s*\()?")
+
+
+_DEF_OR_IMPORT = re.compile(r"\s*(?:(?:async\s+)?(?:def|class)\s+|(?:from\s+\S+\s+)?import\s+.*)")
+
+
+def returns_factory(text: str) -> bool:
+    """Whether a function's text may return a tensor it makes with a factory."""
+    return "return" in text and "torch." in text and _RETURNS_FACTORY.search(text) is not None
+
+
+def _is_static(func: AnyFunction) -> bool:
+    for dec in func.decorator_list:
+        name = dotted(dec) or ""
+        if name.endswith(("staticmethod", "classmethod")):
+            return True
+    return False
+
+
+_NON_TENSOR_ANNOTATIONS = frozenset(
+    {"int", "float", "bool", "str", "bytes", "dict", "Dict", "tuple", "Tuple", "Callable"}
+)
+
+
+def _looks_like_tensor_arg(func: AnyFunction, arg: ast.arg) -> bool:
+    """A `forward` argument that is a tensor in practice (not a flag or a size)."""
+    if arg.annotation is not None:
+        text = dotted(arg.annotation) or ""
+        if isinstance(arg.annotation, ast.Subscript):
+            text = dotted(arg.annotation.value) or ""
+            if text.endswith("Optional"):
+                inner = arg.annotation.slice
+                text = dotted(inner) or ""
+        return text.rsplit(".", 1)[-1] == "Tensor"
+    params = [*func.args.posonlyargs, *func.args.args]
+    defaults = func.args.defaults
+    with_default = params[len(params) - len(defaults) :]
+    if arg in with_default:
+        default = defaults[with_default.index(arg)]
+        return isinstance(default, ast.Constant) and default.value is None
+    return True
+
+
+def _is_zero(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value == 0 and not isinstance(node.value, bool)
+
+
+def _weaken(head: Env, entry: Env) -> Env:
+    """After too many loop passes: keep only what the loop entry already agreed on."""
+    return {k: v for k, v in head.items() if entry.get(k) == v}
+
+
+def _target_names(target: ast.expr) -> Iterator[str]:
+    for node in walk(target):
+        if isinstance(node, ast.Name):
+            yield node.id
+
+
+def _is_main_guard(test: ast.expr) -> bool:
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and len(test.comparators) == 1
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value == "__main__"
+    )
+
+
+def _is_no_grad_context(expr: ast.expr, ctx: FileContext) -> bool:
+    if isinstance(expr, ast.Call):
+        name = ctx.qualname(expr.func) or ""
+        if name in _NO_GRAD_CONTEXTS:
+            return True
+        if name == "torch.set_grad_enabled" and expr.args:
+            arg = expr.args[0]
+            return isinstance(arg, ast.Constant) and arg.value is False
+        return False
+    return (ctx.qualname(expr) or "") in _NO_GRAD_CONTEXTS
+
+
+def _decorated_no_grad(func: AnyFunction, ctx: FileContext) -> bool:
+    return any(_is_no_grad_context(dec, ctx) for dec in func.decorator_list)
+
+
+def _local_names(func: AnyFunction) -> frozenset[str]:
+    """Names bound in `func`'s own scope (parameters, assignments, imports, defs)."""
+    args = func.args
+    names = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+    if args.vararg:
+        names.add(args.vararg.arg)
+    if args.kwarg:
+        names.add(args.kwarg.arg)
+    declared_global: set[str] = set()
+    todo: list[ast.AST] = list(func.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+            todo.extend(getattr(node, "decorator_list", ()))
+            continue
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                names.add(alias.asname or alias.name.split(".", 1)[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            declared_global.update(node.names)
+        else:
+            name = getattr(node, "name", None)
+            if isinstance(name, str) and type(node).__name__.startswith("Match"):
+                names.add(name)
+        todo.extend(iter_children(node))
+    return frozenset(names - declared_global)
+
+
+def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern[str]) -> list[int]:
+    """The lines (ascending) that `pattern` matches from their start, among those holding
+    a needle.
+
+    The same lines as a MULTILINE `^...` search of the whole text whenever every match
+    lies on one line and holds a needle, without trying the pattern at every position.
+    """
+    source = ctx.source
+    starts = {line_start(source, at) for needle in needles for at in offsets(source, needle)}
+    return [ctx.line_of_offset(s) for s in sorted(starts) if pattern.match(source, s)]

@@ -1,0 +1,83 @@
+"""What torch's APIs return and do: the vocabularies the scope interpreter looks names up in.
+
+The lists live in `library.toml` beside this module (adding an API is one line there);
+this module loads them once and gives each a name.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from importlib import resources
+
+from torchdoctor.check.analysis.values import Kind, Value
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+LIBRARY = tomllib.loads(
+    (resources.files("torchdoctor.check.analysis") / "library.toml").read_text(encoding="utf-8")
+)
+
+
+def _names(table: str, key: str) -> frozenset[str]:
+    return frozenset(LIBRARY[table][key])
+
+
+FACTORIES = _names("torch", "factories")
+LIKE_FACTORIES = _names("torch", "like_factories")
+LEGACY_CONSTRUCTORS = _names("torch", "legacy_constructors")
+IDENTITY_FUNCTIONS = _names("torch", "identity")
+NUMPY_ARRAY_FACTORIES = _names("numpy", "array_factories")
+NUMPY_CONVERTING = _names("numpy", "converting")
+_MEETING_NAMESPACES = tuple(LIBRARY["torch"]["meeting_namespaces"])
+_NON_MEETING_TORCH = _names("torch", "non_meeting")
+MEETING_METHODS = _names("tensor", "meeting_methods")
+PRESERVING_METHODS = _names("tensor", "preserving_methods")
+REDUCTIONS = _names("tensor", "reductions")
+_NON_TENSOR_METHODS = _names("tensor", "non_tensor_methods")
+_TENSOR_ATTRS_SAME = _names("tensor", "same_place_attributes")
+_TENSOR_META_ATTRS = _names("tensor", "meta_attributes")
+_COMPARISONS = _names("tensor", "comparisons")
+_INDEX_RESULTS = _names("tensor", "index_results")
+DTYPE_NAMES = _names("tensor", "dtype_names")
+_MODULE_SELF_METHODS = _names("modules", "self_returning_methods")
+PARAMETRISED_LAYERS = _names("modules", "parametrised_layers")
+_NON_MODULE_NN = _names("modules", "not_modules")
+DATA_PARALLEL = _names("modules", "data_parallel")
+_PASS_THROUGH_ITERATORS = _names("data", "pass_through_iterators")
+_DEVICE_HOLDERS = _names("data", "device_holders")
+
+
+_DEVICE_STRING = re.compile(r"^(cuda|mps|xpu|npu|hpu|xla|meta|privateuseone)(:\d+)?$")
+
+
+# An iterable whose name says it yields batches.
+_LOADERISH = re.compile(r"loader|(?:^|_)dl(?:$|_)|(?:^|_)batches$", re.IGNORECASE)
+
+
+OPTIMIZER_PREFIX = "torch.optim."
+
+
+_NOT_OPTIMIZERS = frozenset({"Optimizer", "lr_scheduler"})
+
+
+_NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode"})
+
+
+# Values that take the name of the variable they are first bound to (for messages).
+_NAMED_KINDS = frozenset({Kind.LOADER, Kind.MODULE, Kind.DEVICE, Kind.DATASET})
+
+
+def is_dtype_text(text: str) -> bool:
+    last = text.rsplit(".", 1)[-1]
+    return "dtype" in text.lower() or (text.startswith("torch.") and last in DTYPE_NAMES)
+
+
+def _trainable(module: Value) -> bool:
+    """A module known to have trainable parameters: its outputs require grad."""
+    if module.kind is not Kind.MODULE or module.is_input:
+        return False
+    return module.optimizer is not None or module.cls in PARAMETRISED_LAYERS

@@ -1,0 +1,259 @@
+"""Values and places: what an expression holds (the lattice the scope interpreter computes)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    pass
+
+
+AnyFunction = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+ScopeNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.Module
+
+
+class Kind(enum.Enum):
+    """What sort of thing a value is."""
+
+    UNKNOWN = "unknown"
+    MODULE = "module"  # an nn.Module instance
+    TENSOR = "tensor"
+    PARAMETER = "parameter"  # an nn.Parameter: a tensor that requires grad
+    BATCH = "batch"  # a batch from a data loader, or a part of one
+    LOADER = "loader"  # a DataLoader (an iterable of batches)
+    DATASET = "dataset"
+    PARAMETERS = "parameters"  # model.parameters(): iterating gives parameters
+    DEVICE = "device"  # a torch.device or a device string
+    ARRAY = "array"  # a NumPy array
+    OPTIMIZER = "optimizer"
+    CONTAINER = "container"  # a list/tuple/dict/iterator: see Value.element and Value.items
+    NONE = "none"  # the constant None
+
+
+class Place(enum.Enum):
+    """Where a tensor (or a module's parameters) lives."""
+
+    UNKNOWN = "unknown"
+    CPU = "cpu"
+    DEVICE = "device"  # on the target device, whatever `device` is at run time
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """What an expression holds at one point of a scope. Immutable; compare with ==."""
+
+    kind: Kind = Kind.UNKNOWN
+    place: Place = Place.UNKNOWN
+    # Where it came from, as written: the loader a batch was drawn from, the variable a
+    # module was bound to, the factory that made a tensor ("torch.zeros").
+    name: str = ""
+    line: int = 0  # the line where it came from (loader built, tensor made, module built)
+    alias: str = ""  # for seeded parameters: the caller's name for it ("val_loader")
+    where: str = ""  # for facts from another file: that file's name ("train.py")
+    device: str = ""  # the device expression of the move that put it there ("device")
+    device_line: int = 0  # the line of that move
+    grad: bool = False  # may require grad (a parameter, or computed from one outside no_grad)
+    part: bool = False  # BATCH: taken out of a batch (unpacked, indexed): a tensor in practice
+    assumed: bool = False  # the place is inferred, not proven (see Place notes in rules)
+    maybe: bool = False  # DEVICE on some paths only (`if use_cuda: model.cuda()`), CPU on others
+    is_input: bool = False  # an argument of `forward`, or a parameter/submodule of `self`
+    output: bool = False  # TENSOR: the output of a module call
+    scalar: bool = False  # TENSOR: 0-dim (mixes with tensors on any device)
+    ndim: int = 0  # ARRAY: its number of dimensions, when the shape is written out (0: unknown)
+    fresh: bool = False  # MODULE: constructed here, not yet moved nor registered on `self`
+    pinned: bool | None = None  # LOADER/BATCH: pin_memory=True given (None: not known)
+    dropped_line: int = 0  # a `.to(...)` of this value whose result was dropped
+    cls: str = ""  # MODULE: the class it was built from
+    wrapper: str = ""  # MODULE: "DataParallel" / "DistributedDataParallel" when wrapped
+    source: ast.AST | None = None  # the call that made it (a factory, a constructor)
+    optimizer: ast.Call | None = None  # MODULE: an optimizer built from its parameters
+    items: tuple[Value, ...] | None = None  # CONTAINER: known elements (a tuple display)
+    element: Value | None = None  # CONTAINER: what iterating it gives (None: empty so far)
+
+    @property
+    def tensor_like(self) -> bool:
+        """A tensor (or batch part) whose place is known."""
+        return self.place is not Place.UNKNOWN and self.kind in _TENSOR_KINDS
+
+    def describe_origin(self) -> str:
+        """`val_loader` (line 30), for messages."""
+        text = f"`{self.name}`" if self.name else "a loader"
+        if self.alias and self.alias != self.name:
+            text += f" (`{self.alias}`"
+            text += f", {self.where_line(self.line)})" if self.line else ")"
+        elif self.line:
+            text += f" ({self.where_line(self.line)})"
+        return text
+
+    def where_line(self, line: int) -> str:
+        return f"{self.where} line {line}" if self.where else f"line {line}"
+
+
+UNKNOWN = Value()
+
+
+NONE = Value(Kind.NONE)
+
+
+_TENSOR_KINDS = frozenset({Kind.TENSOR, Kind.PARAMETER, Kind.BATCH, Kind.UNKNOWN})
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Value))
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Value)}
+
+
+def join(a: Value, b: Value) -> Value:
+    """What is true of a value that is `a` on one path and `b` on another."""
+    if a is b or a == b:
+        return a
+    if a.kind is not b.kind:
+        return UNKNOWN
+    changes: dict[str, object] = {}
+    for name in _FIELDS:
+        va, vb = getattr(a, name), getattr(b, name)
+        if va != vb:
+            changes[name] = _DEFAULTS[name]
+    if "grad" in changes:
+        changes["grad"] = True  # may require grad on some path
+    if "place" in changes:
+        device_side = a if a.place is Place.DEVICE else b if b.place is Place.DEVICE else None
+        other = b if device_side is a else a
+        # a module moved on one path only (`if use_cuda: model.cuda()`): on the device on
+        # that path, which crashes against a batch that is on the CPU on every path.
+        # (Tensors do not get this: `x.cpu()` under the same condition is too common.)
+        if (
+            device_side is not None
+            and a.kind is Kind.MODULE
+            and (other.place is Place.CPU or other.fresh)
+        ):
+            for name in ("place", "device", "device_line", "assumed", "is_input", "output"):
+                changes[name] = getattr(device_side, name)
+            changes["maybe"] = True
+            changes["fresh"] = False
+    if "element" in changes:
+        # an empty container (element None) joined with a filled one keeps the filling
+        if a.element is None or b.element is None:
+            changes["element"] = a.element or b.element
+        else:
+            changes["element"] = join(a.element, b.element)
+    if "items" in changes and a.items and b.items and len(a.items) == len(b.items):
+        changes["items"] = tuple(join(x, y) for x, y in zip(a.items, b.items, strict=False))
+    return dataclasses.replace(a, **changes)  # type: ignore[arg-type]
+
+
+Env = dict[str, Value]
+
+
+def join_env(a: Env | None, b: Env | None) -> Env | None:
+    """Join two environments; None is a dead path (after return/raise/break)."""
+    if a is None:
+        return None if b is None else dict(b)
+    if b is None:
+        return dict(a)
+    out: Env = {}
+    for key, va in a.items():
+        vb = b.get(key)
+        if vb is None:
+            continue
+        joined = join(va, vb)
+        if joined.kind is not Kind.UNKNOWN or joined.place is not Place.UNKNOWN:
+            out[key] = joined
+    return out
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A value on the CPU meets a value on the device at `site`."""
+
+    site: ast.AST  # the BinOp / Compare / Call where they meet
+    cpu_node: ast.expr
+    cpu: Value
+    other_node: ast.expr
+    other: Value
+    via: str  # "module" (a module call), "torch" (a torch function), "method", "operator",
+    # "call" (a function of this file combines the two arguments)
+    path: str = ""  # for "call": where, inside the callee, they meet
+    callee: ast.AST | None = None  # for "call": the function they meet in
+    inner: Mismatch | None = None  # for "call": the meeting inside the callee
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """What one call of a function of the file does, given what it passes."""
+
+    returned: Value
+    mismatches: tuple[Mismatch, ...]
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A tensor converted to NumPy implicitly (through `__array__`, that is `.numpy()`)."""
+
+    site: ast.AST  # the call (`np.isnan(t)`) or the assignment target (`arr[i]`)
+    node: ast.expr  # the tensor's expression (the target, for an assignment)
+    value: Value  # what it held
+    how: str  # "`numpy.isnan`", "an assignment into a NumPy array"
+
+
+@dataclass(frozen=True)
+class Move:
+    """A `.to(...)` / `.cuda()` / `.cpu()` call."""
+
+    call: ast.Call
+    receiver: ast.expr
+    before: Value
+    after: Value
+    dropped: bool  # the result was not used (an expression statement)
+    dtype_only: bool = False  # `.to(torch.float16)`: a conversion, not a move
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A call of a function or method of this file: the values of its arguments."""
+
+    callee: str  # "evaluate", or "self.helper" for a method of the same class
+    call: ast.Call
+    args: tuple[Value, ...]
+    keywords: tuple[tuple[str, Value], ...]
+    opaque: bool  # *args or **kwargs: the argument positions are not known
+
+
+def _tensor_kind(value: Value) -> Kind:
+    return Kind.BATCH if value.kind is Kind.BATCH else Kind.TENSOR
+
+
+def _container_add(container: Value, other: Value) -> Value:
+    """A container after `+=`, `.append`, `.extend` with `other` (a container)."""
+    element = container.element
+    added = other.element if other.kind is Kind.CONTAINER else None
+    if added is None and other.kind is Kind.CONTAINER and other.items:
+        added = other.items[0]
+        for item in other.items[1:]:
+            added = join(added, item)
+    if element is None:
+        element = added
+    elif added is not None:
+        element = join(element, added)
+    return Value(Kind.CONTAINER, element.place if element else Place.UNKNOWN, element=element)
+
+
+def _as_parameter(param: str, value: Value) -> Value:
+    """A caller's loader seen inside the callee: named as the parameter, alias the caller's."""
+    if value.kind is Kind.LOADER and value.name and value.name != param:
+        return dataclasses.replace(value, name=param, alias=value.alias or value.name)
+    return value
+
+
+def _join_seeds(a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
+    out: dict[str, Value] = {}
+    for key in a.keys() | b.keys():
+        out[key] = join(a.get(key, UNKNOWN), b.get(key, UNKNOWN))
+    return out
