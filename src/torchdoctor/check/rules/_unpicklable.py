@@ -58,6 +58,11 @@ def own_nodes(scope: ast.AST) -> list[ast.AST]:
     return found
 
 
+def own_calls(scope: ast.AST) -> list[ast.Call]:
+    """The calls of `scope` itself (see `own_nodes`)."""
+    return [n for n in own_nodes(scope) if isinstance(n, ast.Call)]
+
+
 class Finder:
     """Finds unpicklable callables a value holds, in one function (or the module)."""
 

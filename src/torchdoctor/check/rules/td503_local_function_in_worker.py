@@ -5,7 +5,7 @@ from typing import ClassVar
 
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, local_functions, own_nodes
+from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, local_functions, own_calls
 
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 _FORK = frozenset({"fork"})
@@ -72,7 +72,7 @@ class LocalFunctionInWorker(Rule):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             finder: Finder | None = None
-            for node in _own_calls(scope):
+            for node in own_calls(scope):
                 if not self._is_loader(node) or not self._has_workers(node, scope):
                     continue
                 finder = finder or Finder(self.ctx, scope)
@@ -167,7 +167,3 @@ class LocalFunctionInWorker(Rule):
 
 def _keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
-
-
-def _own_calls(scope: ast.AST) -> list[ast.Call]:
-    return [n for n in own_nodes(scope) if isinstance(n, ast.Call)]
