@@ -138,6 +138,14 @@ def _portable(value: Value, path: str) -> Value:
     )
 
 
+_BATCHNORM = re.compile(r"\b(Sync)?BatchNorm([123]d)?\(")
+
+
+def builds_batchnorm(source: str) -> bool:
+    """The text builds a BatchNorm layer (`nn.BatchNorm1d(...)`, `SyncBatchNorm(...)`)."""
+    return "BatchNorm" in source and _BATCHNORM.search(source) is not None
+
+
 def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     """Index `sources`: texts, or (path, text) pairs (paths name files in messages)."""
     index = ProjectIndex()
@@ -148,6 +156,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         path, source = item if isinstance(item, tuple) else ("", item)
         index.add(scan_classes(source))
         moving |= moving_classes(source)
+        index.has_batchnorm = index.has_batchnorm or builds_batchnorm(source)
         count += 1
         if is_candidate(source):
             candidates.append((path, source))
