@@ -30,6 +30,8 @@ _INPLACE_METHODS = frozenset(
 _PARAMETER_FREE = re.compile(
     r"Dropout|Pool|Identity|Flatten|Upsample|Pad|ReLU|GELU|SiLU|ELU|Sigmoid|Tanh|Softmax|Shuffle"
 )
+_MULTI_VIEWS = frozenset({"chunk", "split", "unbind", "split_with_sizes", "tensor_split"})
+_VIEWS_WHY = "returns several views of one tensor, which autograd forbids changing in place"
 _BINOP_SAVES = (ast.Mult, ast.Div, ast.MatMult)
 _MATMULS = frozenset({"matmul", "mm", "bmm", "mul", "div", "einsum"})
 
@@ -111,12 +113,24 @@ class InplaceOnSavedTensor(Rule):
             if not isinstance(cls, ast.ClassDef) or not self.ctx.is_module_class(cls):
                 continue
             layers = self._layers(cls)
-            for method in cls.body:
-                if not isinstance(method, ast.FunctionDef) or method.name == "__init__":
-                    continue
-                if is_no_grad_decorated(self.ctx, method):
-                    continue
-                _Method(self, layers).block(method.body, _State(), False)
+            methods = [
+                m
+                for m in cls.body
+                if isinstance(m, ast.FunctionDef)
+                and m.name != "__init__"
+                and not is_no_grad_decorated(self.ctx, m)
+            ]
+            # Summaries first: which methods return a value that needs grad
+            # (`self.encode(x)` is then followed like a layer's output).
+            returns_grad: set[str] = set()
+            for _ in range(2):
+                for method in methods:
+                    walker = _Method(self, layers, returns_grad, report=False)
+                    walker.block(method.body, _State(), False)
+                    if walker.returns_grad:
+                        returns_grad.add(method.name)
+            for method in methods:
+                _Method(self, layers, returns_grad).block(method.body, _State(), False)
 
     def _layers(self, cls: ast.ClassDef) -> dict[str, str]:
         """`self.act` -> what the class's assignments make it: "saves" (its output is
@@ -155,10 +169,20 @@ def _is_self(node: ast.expr) -> bool:
 
 
 class _Method:
-    def __init__(self, rule: InplaceOnSavedTensor, layers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        rule: InplaceOnSavedTensor,
+        layers: dict[str, str],
+        grad_methods: set[str],
+        *,
+        report: bool = True,
+    ) -> None:
         self.rule = rule
         self.ctx = rule.ctx
         self.layers = layers
+        self.grad_methods = grad_methods  # methods of the class that return grad values
+        self.reporting = report
+        self.returns_grad = False
         self.reported: set[int] = set()
 
     # -- statements ---------------------------------------------------------
@@ -193,6 +217,8 @@ class _Method:
             return
         if not no_grad:
             self.inplace_writes(stmt, state)
+        if isinstance(stmt, ast.Return) and stmt.value is not None and not no_grad:
+            self.returns_grad = self.returns_grad or self.needs_grad(stmt.value, state)
         if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
             targets: list[ast.expr] = (
                 stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
@@ -214,6 +240,11 @@ class _Method:
         why = self.result_saved(value) if needs_grad else None
         if why and len(targets) == 1 and isinstance(targets[0], ast.Name):
             state.saved[targets[0].id] = (line, why)
+        views = self.multi_output_views(value) if needs_grad else None
+        if views and len(targets) == 1 and isinstance(targets[0], ast.Tuple | ast.List):
+            for elt in targets[0].elts:
+                if isinstance(elt, ast.Name):
+                    state.saved[elt.id] = (line, views)
 
     # -- what needs grad, what is saved ---------------------------------------
     def needs_grad(self, expr: ast.expr, state: _State) -> bool:
@@ -238,7 +269,10 @@ class _Method:
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
                 and _is_self(node.func.value)
-                and self.layers.get(node.func.attr) == "weights"
+                and (
+                    self.layers.get(node.func.attr) == "weights"
+                    or node.func.attr in self.grad_methods
+                )
             ):
                 return True
         return False
@@ -259,6 +293,19 @@ class _Method:
         if isinstance(func, ast.Attribute) and func.attr in _RESULT_SAVING:
             return f"`.{func.attr}()` saves its output for backward"
         return None
+
+    def multi_output_views(self, value: ast.expr) -> str | None:
+        """`x.chunk(3)`, `torch.split(x, n)`, `x.unbind()`: views autograd forbids changing
+        in place (`Output 0 of SplitBackward0 is a view and is being modified inplace`)."""
+        if not isinstance(value, ast.Call):
+            return None
+        func = value.func
+        name = self.ctx.qualname(func) or ""
+        if isinstance(func, ast.Attribute) and not name.startswith("torch."):
+            name = "." + func.attr  # a tensor method
+        if not name.startswith(("torch.", ".")) or name.rsplit(".", 1)[-1] not in _MULTI_VIEWS:
+            return None
+        return f"`{self.ctx.segment(func)}(...)` {_VIEWS_WHY}"
 
     def saved_operands(self, value: ast.expr, line: int, state: _State) -> None:
         """Names saved as an operand of `a * b`, `a / b`, `a @ b`, `torch.matmul(a, b)`."""
@@ -316,14 +363,24 @@ class _Method:
         if saved is None or line in self.reported:
             return
         self.reported.add(line)
+        if not self.reporting:
+            return
         text = self.ctx.segment(node)
         if len(text) > 50:
             text = text[:47] + "..."
+        if saved[1].endswith(_VIEWS_WHY):
+            consequence = (
+                f"`{name}` is one of them (line {saved[0]}: {saved[1]}): RuntimeError: "
+                "Output 0 of Split is a view and is being modified inplace"
+            )
+        else:
+            consequence = (
+                f"autograd saved `{name}` for the backward pass (line {saved[0]}: "
+                f"{saved[1]}): `backward()` raises 'one of the variables needed for "
+                "gradient computation has been modified by an inplace operation'"
+            )
         self.rule.report(
             node,
-            f"`{text}` modifies `{name}` in place, but autograd saved `{name}` for the "
-            f"backward pass (line {saved[0]}: {saved[1]}): `backward()` raises 'one of the "
-            "variables needed for gradient computation has been modified by an inplace "
-            "operation'",
+            f"`{text}` modifies `{name}` in place, but {consequence}",
             hint=f"compute a new tensor instead (`{name} = {name} + ...`)",
         )
