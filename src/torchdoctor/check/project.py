@@ -77,8 +77,9 @@ class ProjectIndex:
     call_facts: dict[str, tuple[CallFact, ...]] = field(default_factory=dict)
     # Classes that move data to the device themselves (project_facts.moving_classes).
     moving_classes: frozenset[str] = frozenset()
-    # Some file of the project builds a BatchNorm layer (TD216 asks).
-    has_batchnorm: bool = False
+    # Classes that build a BatchNorm1d layer, themselves or through another such class
+    # they build (analysis/project_facts.batchnorm_classes; TD216 asks).
+    batchnorm_classes: frozenset[str] = frozenset()
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -109,8 +110,8 @@ class ProjectIndex:
         text = "\n".join(sorted(self.module_classes))
         if self.moving_classes:
             text += "\nmoving:" + ",".join(sorted(self.moving_classes))
-        if self.has_batchnorm:
-            text += "\nbatchnorm"
+        if self.batchnorm_classes:
+            text += "\nbatchnorm:" + ",".join(sorted(self.batchnorm_classes))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -138,12 +138,40 @@ def _portable(value: Value, path: str) -> Value:
     )
 
 
-_BATCHNORM = re.compile(r"\b(Sync)?BatchNorm([123]d)?\(")
+_BATCHNORM_1D = re.compile(r"\bBatchNorm1d\(")
+_CLASS_LINE = re.compile(r"^class\s+(\w+)", re.MULTILINE)
+_CALLED = re.compile(r"\b([A-Z]\w*)\(")
 
 
-def builds_batchnorm(source: str) -> bool:
-    """The text builds a BatchNorm layer (`nn.BatchNorm1d(...)`, `SyncBatchNorm(...)`)."""
-    return "BatchNorm" in source and _BATCHNORM.search(source) is not None
+def builds_batchnorm1d(source: str) -> bool:
+    """The text builds a `BatchNorm1d` layer: one value per channel on (N, C) inputs."""
+    return "BatchNorm1d" in source and _BATCHNORM_1D.search(source) is not None
+
+
+def class_builds(source: str) -> dict[str, tuple[bool, frozenset[str]]]:
+    """Top-level class name -> (builds a BatchNorm1d, the capitalized names it calls),
+    each class's text taken up to the next top-level class."""
+    if "class" not in source:
+        return {}
+    heads = list(_CLASS_LINE.finditer(source))
+    found = {}
+    for i, head in enumerate(heads):
+        body = source[head.end() : heads[i + 1].start() if i + 1 < len(heads) else None]
+        found[head.group(1)] = (builds_batchnorm1d(body), frozenset(_CALLED.findall(body)))
+    return found
+
+
+def batchnorm_classes(classes: dict[str, tuple[bool, frozenset[str]]]) -> frozenset[str]:
+    """Classes that build a BatchNorm1d, or build (by name) a class that does."""
+    found = {name for name, (builds, _) in classes.items() if builds}
+    changed = True
+    while changed:
+        changed = False
+        for name, (_, calls) in classes.items():
+            if name not in found and not calls.isdisjoint(found):
+                found.add(name)
+                changed = True
+    return frozenset(found)
 
 
 def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
@@ -151,16 +179,18 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     index = ProjectIndex()
     candidates: list[tuple[str, str]] = []
     moving: set[str] = set()
+    classes: dict[str, tuple[bool, frozenset[str]]] = {}
     count = 0
     for item in sources:
         path, source = item if isinstance(item, tuple) else ("", item)
         index.add(scan_classes(source))
         moving |= moving_classes(source)
-        index.has_batchnorm = index.has_batchnorm or builds_batchnorm(source)
+        classes.update(class_builds(source))
         count += 1
         if is_candidate(source):
             candidates.append((path, source))
     index.moving_classes = frozenset(moving)
+    index.batchnorm_classes = batchnorm_classes(classes)
     index.resolve()
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)

@@ -4,7 +4,8 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check.analysis.project_facts import builds_batchnorm
+from torchdoctor.check.analysis.project_facts import builds_batchnorm1d
+from torchdoctor.check.analysis.torch_api import LIBRARY
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder, own_calls
@@ -20,12 +21,15 @@ class BatchNormPartialBatch(Rule):
     """BatchNorm trained on a DataLoader whose last batch can hold a single sample.
 
     ## What it does
-    In a project that builds BatchNorm layers, finds a training `DataLoader` -- one that
+    In a file that builds a `BatchNorm1d` layer, or a model class of the project that
+    builds one (itself or through the classes it builds), finds a training `DataLoader` -- one that
     shuffles (`shuffle=True`) or is named for training (`train_loader`,
     `train_dataloader()`), and is not named for validation or testing -- that keeps the
     last, partial batch: no `drop_last=True`, also not in a `**kwargs` dict it is given
     (a dict the rule cannot read keeps it quiet), and no custom `sampler` or
-    `batch_sampler`.
+    `batch_sampler`. When the dataset's length is known (torchvision's MNIST, CIFAR10,
+    ... in `library.toml`), it reports only a batch size -- a number, or an `argparse`
+    default -- that leaves exactly one sample.
 
     Off by default (select `TD216`): whether the last batch holds exactly one sample
     depends on the dataset's length, which the code rarely shows -- one dataset size in
@@ -66,7 +70,7 @@ class BatchNormPartialBatch(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("DataLoader",)
 
     def finish(self) -> None:
-        if not (self.ctx.project.has_batchnorm or builds_batchnorm(self.ctx.source)):
+        if not self._trains_batchnorm():
             return
         for scope in walk(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
@@ -80,8 +84,21 @@ class BatchNormPartialBatch(Rule):
                 args = self._arguments(call, finder, scope)
                 if args is None or not self._trains(call, args, scope):
                     continue
-                if self._keeps_partial_batch(args):
+                if self._keeps_partial_batch(args) and self._may_end_with_one(args, finder, call):
                     self._report(call, args)
+
+    def _trains_batchnorm(self) -> bool:
+        """This file builds a BatchNorm1d, or builds a model class of the project that does
+        (directly or through the classes it builds)."""
+        if builds_batchnorm1d(self.ctx.source):
+            return True
+        classes = self.ctx.project.batchnorm_classes
+        return bool(classes) and any(
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name | ast.Attribute)
+            and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) in classes
+            for node in walk(self.ctx.tree)
+        )
 
     def _arguments(
         self, call: ast.Call, finder: Finder, scope: ast.AST
@@ -170,12 +187,67 @@ class BatchNormPartialBatch(Rule):
         size = args.get("batch_size")  # none given: batches of one anyway
         return size is not None and not (isinstance(size, ast.Constant) and size.value in (None, 1))
 
+    def _may_end_with_one(self, args: dict[str, ast.expr], finder: Finder, call: ast.Call) -> bool:
+        """Unless the dataset's length is known (a torchvision dataset of library.toml): then
+        only when the batch size is known too and leaves exactly one sample."""
+        length = self._dataset_length(args.get("dataset"), finder, call.lineno)
+        if length is None:
+            return True
+        size = self._int_value(args["batch_size"], finder, call.lineno)
+        return size is not None and size > 1 and length % size == 1
+
+    def _dataset_length(self, expr: ast.expr | None, finder: Finder, line: int) -> int | None:
+        if isinstance(expr, ast.Name):
+            expr = finder.binding(expr.id, line)
+        if not isinstance(expr, ast.Call):
+            return None
+        name = (self.ctx.qualname(expr.func) or "").rsplit(".", 1)[-1]
+        lengths = LIBRARY["dataset_lengths"].get(name)
+        if lengths is None:
+            return None
+        train = next((k.value for k in expr.keywords if k.arg == "train"), None)
+        split = next((k.value for k in expr.keywords if k.arg == "split"), None)
+        if isinstance(split, ast.Constant):
+            return int(lengths[0 if split.value == "train" else 1])
+        if train is None or (isinstance(train, ast.Constant) and train.value is True):
+            return int(lengths[0])
+        if isinstance(train, ast.Constant) and train.value is False:
+            return int(lengths[1])
+        return None
+
+    def _int_value(self, expr: ast.expr, finder: Finder, line: int) -> int | None:
+        """A literal, a name bound to one, or `args.batch_size` with an argparse default."""
+        if isinstance(expr, ast.Name):
+            bound = finder.binding(expr.id, line)
+            return self._int_value(bound, finder, line) if bound is not None else None
+        if isinstance(expr, ast.Constant) and type(expr.value) is int:
+            return expr.value
+        if isinstance(expr, ast.Attribute):
+            return self._argparse_default(expr.attr)
+        return None
+
+    def _argparse_default(self, dest: str) -> int | None:
+        for node in walk(self.ctx.tree):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).lstrip("-").replace("-", "_") == dest
+            ):
+                continue
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            if isinstance(default, ast.Constant) and type(default.value) is int:
+                return default.value
+        return None
+
     def _report(self, call: ast.Call, args: dict[str, ast.expr]) -> None:
         size = self.ctx.segment(args["batch_size"])
         self.report(
             call,
             f"this training DataLoader keeps the last, partial batch (no `drop_last=True`), "
-            f"and the project trains BatchNorm layers: when `len(dataset) % {size} == 1` "
+            f"and the model trained here has BatchNorm1d layers: when `len(dataset) % {size} == 1` "
             "the last batch holds one sample and BatchNorm raises 'Expected more than 1 "
             "value per channel when training'",
             hint="pass `drop_last=True` to the training loader",
