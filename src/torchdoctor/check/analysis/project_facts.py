@@ -140,7 +140,7 @@ def _portable(value: Value, path: str) -> Value:
 
 _BATCHNORM_1D = re.compile(r"\bBatchNorm1d\(")
 _CLASS_LINE = re.compile(r"^class\s+(\w+)", re.MULTILINE)
-_CALLED = re.compile(r"\b([A-Z]\w*)\(")
+_CALLED = re.compile(r"(?<![.\w])([A-Z]\w*)\(")  # `Net(`, not `torch.Generator(`
 
 
 def builds_batchnorm1d(source: str) -> bool:

@@ -95,8 +95,9 @@ class BatchNormPartialBatch(Rule):
         classes = self.ctx.project.batchnorm_classes
         return bool(classes) and any(
             isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name | ast.Attribute)
-            and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) in classes
+            and isinstance(node.func, ast.Name)
+            and node.func.id in classes
+            and self.ctx.imports.get(node.func.id, "").split(".", 1)[0] != "torch"
             for node in walk(self.ctx.tree)
         )
 
@@ -190,9 +191,14 @@ class BatchNormPartialBatch(Rule):
     def _may_end_with_one(self, args: dict[str, ast.expr], finder: Finder, call: ast.Call) -> bool:
         """Unless the dataset's length is known (a torchvision dataset of library.toml): then
         only when the batch size is known too and leaves exactly one sample."""
-        length = self._dataset_length(args.get("dataset"), finder, call.lineno)
+        dataset = args.get("dataset")
+        length = self._dataset_length(dataset, finder, call.lineno)
+        if length is None and dataset is not None:
+            length = self._length_in_code(dataset)
         if length is None:
             return True
+        if length < 0:
+            return False  # made in memory: its length is the program's own choice
         size = self._int_value(args["batch_size"], finder, call.lineno)
         return size is not None and size > 1 and length % size == 1
 
@@ -213,6 +219,35 @@ class BatchNormPartialBatch(Rule):
             return int(lengths[0])
         if isinstance(train, ast.Constant) and train.value is False:
             return int(lengths[1])
+        return None
+
+    def _length_in_code(self, dataset: ast.expr) -> int | None:
+        """The dataset bound anywhere in the file (also by unpacking, also as `self.x`) to
+        a part of `random_split(ds, [n1, n2])` (its literal length), or to a
+        `TensorDataset` (-1: in memory, a length the code chose)."""
+        text = self.ctx.segment(dataset)
+        for node in walk(self.ctx.tree):
+            if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+                continue
+            callee = (self.ctx.qualname(node.value.func) or "").rsplit(".", 1)[-1]
+            for target in node.targets:
+                parts = target.elts if isinstance(target, ast.Tuple | ast.List) else [target]
+                for index, part in enumerate(parts):
+                    if self.ctx.segment(part) != text:
+                        continue
+                    if callee == "TensorDataset":
+                        return -1
+                    if callee == "random_split" and len(node.value.args) > 1:
+                        sizes = node.value.args[1]
+                        if (
+                            isinstance(sizes, ast.List | ast.Tuple)
+                            and index < len(sizes.elts)
+                            and len(parts) > 1
+                        ):
+                            size = sizes.elts[index]
+                            if isinstance(size, ast.Constant) and type(size.value) is int:
+                                return size.value
+                            return -1
         return None
 
     def _int_value(self, expr: ast.expr, finder: Finder, line: int) -> int | None:
