@@ -161,14 +161,20 @@ def class_builds(source: str) -> dict[str, tuple[bool, frozenset[str]]]:
     return found
 
 
-def batchnorm_classes(classes: dict[str, tuple[bool, frozenset[str]]]) -> frozenset[str]:
-    """Classes that build a BatchNorm1d, or build (by name) a class that does."""
-    found = {name for name, (builds, _) in classes.items() if builds}
+def batchnorm_classes(
+    classes: dict[str, list[tuple[bool, frozenset[str]]]],
+) -> frozenset[str]:
+    """Class names every definition of which builds a BatchNorm1d, or builds (by name) a
+    class that does. A name defined twice in the project (a `Generator` in each of two
+    scripts) counts only if all its definitions do: which one a file means is unknown."""
+    found: set[str] = set()
     changed = True
     while changed:
         changed = False
-        for name, (_, calls) in classes.items():
-            if name not in found and not calls.isdisjoint(found):
+        for name, definitions in classes.items():
+            if name not in found and all(
+                builds or not calls.isdisjoint(found) for builds, calls in definitions
+            ):
                 found.add(name)
                 changed = True
     return frozenset(found)
@@ -179,13 +185,14 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     index = ProjectIndex()
     candidates: list[tuple[str, str]] = []
     moving: set[str] = set()
-    classes: dict[str, tuple[bool, frozenset[str]]] = {}
+    classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     count = 0
     for item in sources:
         path, source = item if isinstance(item, tuple) else ("", item)
         index.add(scan_classes(source))
         moving |= moving_classes(source)
-        classes.update(class_builds(source))
+        for name, facts in class_builds(source).items():
+            classes.setdefault(name, []).append(facts)
         count += 1
         if is_candidate(source):
             candidates.append((path, source))
