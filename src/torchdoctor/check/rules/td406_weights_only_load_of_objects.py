@@ -18,6 +18,7 @@ _MODULE_METHODS = frozenset({"cpu", "to", "cuda", "eval", "half", "float", "modu
 @dataclass(frozen=True)
 class _Save:
     call: ast.Call
+    scope: ast.AST  # the function (or module) the save is in
     path: str  # the text of the file argument
     whole: str | None  # what non-tensor object the whole saved value is, if one
     keys: dict[str, str]  # dict key -> what non-tensor object its value is
@@ -77,7 +78,8 @@ class WeightsOnlyLoadOfObjects(Rule):
             return
         if "safe_globals" in self.ctx.source:
             return
-        self.written: set[str] = set()  # every file expression `torch.save` writes to
+        # every (scope, file expression) `torch.save` writes to, with the line
+        self.written: list[tuple[ast.AST, str, int]] = []
         saves: list[_Save] = []
         loads: list[tuple[ast.Call, ast.AST]] = []
         for scope in walk(self.ctx.tree):
@@ -90,7 +92,7 @@ class WeightsOnlyLoadOfObjects(Rule):
                 if name in _SAVES:
                     path = node.args[1] if len(node.args) > 1 else _keyword(node, "f")
                     if path is not None:
-                        self.written.add(self.ctx.segment(path))
+                        self.written.append((scope, self.ctx.segment(path), node.lineno))
                     save = self._save(node, scope)
                     if save is not None:
                         saves.append(save)
@@ -126,7 +128,7 @@ class WeightsOnlyLoadOfObjects(Rule):
             whole = self._object(obj, scope, call.lineno)
         if whole is None:
             return None
-        return _Save(call, self.ctx.segment(path), whole, keys)
+        return _Save(call, scope, self.ctx.segment(path), whole, keys)
 
     def _object(self, value: ast.expr, scope: ast.AST, line: int, depth: int = 2) -> str | None:
         """What non-tensor object `value` is ("an `argparse.Namespace`", ...), if known."""
@@ -224,11 +226,24 @@ class WeightsOnlyLoadOfObjects(Rule):
         if source is None:
             return
         text = self.ctx.segment(source)
+        # The same file expression saved in the same function: the latest save before
+        # the load tells what the file holds (`b = io.BytesIO()` in two tests is two files).
+        here = [w for w in self.written if w[0] is scope and w[1] == text]
+        if here:
+            before = [w for w in here if w[2] < load.lineno] or here
+            line = max(w[2] for w in before)
+            save = next((s for s in saves if s.call.lineno == line and s.scope is scope), None)
+            if save is not None:
+                self._report(load, save, save.whole or "", f"to `{text}`")
+            return
+        # A local name of another function is another file (`path` parameters, `b`
+        # buffers); those loads are matched by the keys they read only.
+        local = isinstance(source, ast.Name) and scope is not self.ctx.tree
         for save in saves:
-            if save.path == text:
+            if save.path == text and not local:
                 self._report(load, save, save.whole or "", f"to `{text}`")
                 return
-        if text in self.written:
+        if any(w[1] == text for w in self.written) and not local:
             return  # written here with plain data only
         read = self._keys_read(load, scope)
         for save in saves:
