@@ -80,6 +80,9 @@ class ProjectIndex:
     # Classes that build a BatchNorm1d layer, themselves or through another such class
     # they build (analysis/project_facts.batchnorm_classes; TD216 asks).
     batchnorm_classes: frozenset[str] = frozenset()
+    # Where a file of the project starts an NCCL process group ("path:line"), if one does
+    # (analysis/project_facts.nccl_start; TD113 asks).
+    nccl_start: str | None = None
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -110,6 +113,8 @@ class ProjectIndex:
         text = "\n".join(sorted(self.module_classes))
         if self.moving_classes:
             text += "\nmoving:" + ",".join(sorted(self.moving_classes))
+        if self.nccl_start:
+            text += "\nnccl:" + self.nccl_start
         if self.batchnorm_classes:
             text += "\nbatchnorm:" + ",".join(sorted(self.batchnorm_classes))
         if self.call_facts:  # and whenever the cross-file call facts change

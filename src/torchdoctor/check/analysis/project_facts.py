@@ -180,6 +180,20 @@ def batchnorm_classes(
     return frozenset(found)
 
 
+# `init_process_group("nccl")`, `(backend="nccl" if cuda else "gloo")`, over lines.
+_NCCL_START = re.compile(r"init_process_group\((?:[^()]|\([^()]*\))*?[\"']nccl[\"']")
+
+
+def nccl_start(path: str, source: str) -> str | None:
+    """ "path:line" of a call starting an NCCL process group in `source`, if any."""
+    if "nccl" not in source:
+        return None
+    match = _NCCL_START.search(source)
+    if match is None:
+        return None
+    return f"{path}:{source.count(chr(10), 0, match.start()) + 1}"
+
+
 def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     """Index `sources`: texts, or (path, text) pairs (paths name files in messages)."""
     index = ProjectIndex()
@@ -191,6 +205,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         path, source = item if isinstance(item, tuple) else ("", item)
         index.add(scan_classes(source))
         moving |= moving_classes(source)
+        index.nccl_start = index.nccl_start or nccl_start(path, source)
         for name, facts in class_builds(source).items():
             classes.setdefault(name, []).append(facts)
         count += 1

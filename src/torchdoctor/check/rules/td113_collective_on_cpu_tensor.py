@@ -38,10 +38,11 @@ class CollectiveOnCpuTensor(Rule):
     """A `torch.distributed` collective on a CPU tensor under the NCCL backend.
 
     ## What it does
-    In a file that starts the process group with the NCCL backend --
+    In a program that starts the process group with the NCCL backend --
     `init_process_group("nccl")`, `backend="nccl"`, or a backend that is `"nccl"` on
     GPU machines (`"nccl" if torch.cuda.is_available() else "gloo"`, also through a
-    name) -- finds `dist.all_reduce`, `broadcast`, `all_gather`, `reduce`, `send`, ...
+    name), in the same file or in another file of the project when this one starts
+    none -- finds `dist.all_reduce`, `broadcast`, `all_gather`, `reduce`, `send`, ...
     given a tensor made on the CPU: by a factory with no `device=` (`torch.tensor(n)`,
     `torch.zeros(3)`), with `device="cpu"`, by `.cpu()` or `torch.from_numpy`, also in
     the list given to `all_gather`. The tensor's latest binding before the call
@@ -84,8 +85,9 @@ class CollectiveOnCpuTensor(Rule):
 
     def finish(self) -> None:
         init = self._nccl_init()
-        if init is None:
-            return
+        if init is None and (self._starts_group() or self.ctx.project.nccl_start is None):
+            return  # this file starts a non-NCCL group, or nothing starts an NCCL one
+        where = f"line {init.lineno}" if init is not None else f"`{self.ctx.project.nccl_start}`"
         for scope in walk(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
@@ -97,7 +99,7 @@ class CollectiveOnCpuTensor(Rule):
                     continue
                 for index in _COLLECTIVES[last]:
                     if index < len(call.args):
-                        self._check(call, call.args[index], finder, init)
+                        self._check(call, call.args[index], finder, where)
 
     def _nccl_init(self) -> ast.Call | None:
         for scope in walk(self.ctx.tree):
@@ -117,7 +119,14 @@ class CollectiveOnCpuTensor(Rule):
                     return call
         return None
 
-    def _check(self, call: ast.Call, arg: ast.expr, finder: Finder, init: ast.Call) -> None:
+    def _starts_group(self) -> bool:
+        return any(
+            isinstance(node, ast.Call)
+            and (self.ctx.qualname(node.func) or "") == "torch.distributed.init_process_group"
+            for node in walk(self.ctx.tree)
+        )
+
+    def _check(self, call: ast.Call, arg: ast.expr, finder: Finder, where: str) -> None:
         items = [arg]
         if isinstance(arg, ast.Name):
             bound = finder.binding(arg.id, call.lineno)
@@ -130,7 +139,7 @@ class CollectiveOnCpuTensor(Rule):
             self.report(
                 call,
                 f"`{self.ctx.segment(call.func)}` gets `{self.ctx.segment(arg)}`, a CPU tensor "
-                f"(`{made}`), but the process group uses NCCL (line {init.lineno}), which "
+                f"(`{made}`), but the process group uses NCCL ({where}), which "
                 "only handles GPU tensors: RuntimeError: No backend type associated with "
                 "device type cpu",
                 hint="make the tensor on the rank's GPU (`device=...`) or use a "
