@@ -185,7 +185,7 @@ _NCCL_START = re.compile(r"init_process_group\((?:[^()]|\([^()]*\))*?[\"']nccl[\
 
 
 def nccl_start(path: str, source: str) -> str | None:
-    """ "path:line" of a call starting an NCCL process group in `source`, if any."""
+    """Where (`path:line`) `source` starts an NCCL process group, if it does."""
     if "nccl" not in source:
         return None
     match = _NCCL_START.search(source)
