@@ -83,6 +83,8 @@ class CollectiveOnCpuTensor(Rule):
     severity = Severity.ERROR
     triggers: ClassVar[tuple[str, ...]] = ("nccl",)
 
+    _device_blocks: list[tuple[int, int]] | None = None
+
     def finish(self) -> None:
         init = self._nccl_init()
         if init is None and (self._starts_group() or self.ctx.project.nccl_start is None):
@@ -118,6 +120,26 @@ class CollectiveOnCpuTensor(Rule):
                 if _may_be_nccl(backend):
                     return call
         return None
+
+    def _default_device_may_differ(self, line: int) -> bool:
+        """`torch.set_default_device(...)` in the file, or `line` inside `with device:` /
+        `with torch.device(...)`: factories there make tensors on that device."""
+        if self._device_blocks is None:
+            blocks: list[tuple[int, int]] = []
+            for node in walk(self.ctx.tree):
+                if isinstance(node, ast.Call) and (self.ctx.qualname(node.func) or "").endswith(
+                    "set_default_device"
+                ):
+                    blocks.append((0, 10**9))
+                if isinstance(node, ast.With | ast.AsyncWith) and any(
+                    isinstance(item.context_expr, ast.Name | ast.Attribute)
+                    or self.ctx.qualname(getattr(item.context_expr, "func", item.context_expr))
+                    == "torch.device"
+                    for item in node.items
+                ):
+                    blocks.append((node.lineno, node.end_lineno or node.lineno))
+            self._device_blocks = blocks
+        return any(start <= line <= end for start, end in self._device_blocks)
 
     def _starts_group(self) -> bool:
         return any(
@@ -163,6 +185,8 @@ class CollectiveOnCpuTensor(Rule):
             return text
         name = self.ctx.qualname(expr.func) or ""
         if not name.startswith("torch.") or name.rsplit(".", 1)[-1] not in _FACTORIES:
+            return None
+        if self._default_device_may_differ(expr.lineno):
             return None
         device = next((k.value for k in expr.keywords if k.arg == "device"), None)
         if device is None or (isinstance(device, ast.Constant) and device.value == "cpu"):
