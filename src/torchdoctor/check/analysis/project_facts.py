@@ -139,7 +139,9 @@ def _portable(value: Value, path: str) -> Value:
 
 
 _BATCHNORM_1D = re.compile(r"\bBatchNorm1d\(")
-_CLASS_LINE = re.compile(r"^class\s+(\w+)", re.MULTILINE)
+# A top-level `class` line; lines may end in \n, \r\n or a lone \r.
+_CLASS_LINE = re.compile(r"(?:^|(?<=[\r\n]))class\s+(\w+)")
+_LINE_END = re.compile(r"\r\n?|\n")
 _CALLED = re.compile(r"(?<![.\w])([A-Z]\w*)\(")  # `Net(`, not `torch.Generator(`
 
 
@@ -191,7 +193,7 @@ def nccl_start(path: str, source: str) -> str | None:
     match = _NCCL_START.search(source)
     if match is None:
         return None
-    return f"{path}:{source.count(chr(10), 0, match.start()) + 1}"
+    return f"{path}:{len(_LINE_END.findall(source, 0, match.start())) + 1}"
 
 
 def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
