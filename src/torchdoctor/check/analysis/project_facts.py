@@ -152,8 +152,10 @@ def builds_batchnorm1d(source: str) -> bool:
 
 def class_builds(source: str) -> dict[str, tuple[bool, frozenset[str]]]:
     """Top-level class name -> (builds a BatchNorm1d, the capitalized names it calls),
-    each class's text taken up to the next top-level class."""
-    if "class" not in source:
+    each class's text taken up to the next top-level class; only for a text that builds
+    a BatchNorm1d (the others cannot start a chain, and scanning every class of a large
+    tree would cost a tenth of parsing it)."""
+    if not builds_batchnorm1d(source):
         return {}
     heads = list(_CLASS_LINE.finditer(source))
     found = {}
@@ -165,17 +167,22 @@ def class_builds(source: str) -> dict[str, tuple[bool, frozenset[str]]]:
 
 def batchnorm_classes(
     classes: dict[str, list[tuple[bool, frozenset[str]]]],
+    definitions: dict[str, int],
 ) -> frozenset[str]:
     """Class names every definition of which builds a BatchNorm1d, or builds (by name) a
-    class that does. A name defined twice in the project (a `Generator` in each of two
-    scripts) counts only if all its definitions do: which one a file means is unknown."""
+    class that does, among the classes of the files that build one (`class_builds`). A
+    name defined more than once in the project (a `Generator` in each of two scripts)
+    counts only if all its definitions do: which one a file means is unknown."""
+    known = {
+        name: facts for name, facts in classes.items() if len(facts) == definitions.get(name)
+    }
     found: set[str] = set()
     changed = True
     while changed:
         changed = False
-        for name, definitions in classes.items():
+        for name, facts in known.items():
             if name not in found and all(
-                builds or not calls.isdisjoint(found) for builds, calls in definitions
+                builds or not calls.isdisjoint(found) for builds, calls in facts
             ):
                 found.add(name)
                 changed = True
@@ -202,10 +209,14 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     candidates: list[tuple[str, str]] = []
     moving: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
+    definitions: dict[str, int] = {}  # class name -> how many files define it
     count = 0
     for item in sources:
         path, source = item if isinstance(item, tuple) else ("", item)
-        index.add(scan_classes(source))
+        file_classes = scan_classes(source)
+        index.add(file_classes)
+        for name in file_classes:
+            definitions[name] = definitions.get(name, 0) + 1
         moving |= moving_classes(source)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
         for name, facts in class_builds(source).items():
@@ -214,7 +225,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         if is_candidate(source):
             candidates.append((path, source))
     index.moving_classes = frozenset(moving)
-    index.batchnorm_classes = batchnorm_classes(classes)
+    index.batchnorm_classes = batchnorm_classes(classes, definitions)
     index.resolve()
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)
