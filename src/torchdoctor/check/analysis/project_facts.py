@@ -173,9 +173,7 @@ def batchnorm_classes(
     class that does, among the classes of the files that build one (`class_builds`). A
     name defined more than once in the project (a `Generator` in each of two scripts)
     counts only if all its definitions do: which one a file means is unknown."""
-    known = {
-        name: facts for name, facts in classes.items() if len(facts) == definitions.get(name)
-    }
+    known = {name: facts for name, facts in classes.items() if len(facts) == definitions.get(name)}
     found: set[str] = set()
     changed = True
     while changed:
