@@ -8,17 +8,18 @@ from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder, own_calls
 
 _DIST = ("torch.distributed.",)
-# Collectives and the positions of their tensor (or tensor list) arguments.
+# Collectives and the positions of their input tensor (or tensor list) arguments: the
+# input's device picks the backend; output lists are not judged (NCCL may copy into them).
 _COLLECTIVES: dict[str, tuple[int, ...]] = {
     "all_reduce": (0,),
     "broadcast": (0,),
     "reduce": (0,),
-    "all_gather": (0, 1),
-    "all_gather_into_tensor": (0, 1),
-    "reduce_scatter": (0, 1),
-    "reduce_scatter_tensor": (0, 1),
-    "all_to_all": (0, 1),
-    "all_to_all_single": (0, 1),
+    "all_gather": (1,),
+    "all_gather_into_tensor": (1,),
+    "reduce_scatter": (1,),
+    "reduce_scatter_tensor": (1,),
+    "all_to_all": (1,),
+    "all_to_all_single": (1,),
     "gather": (0,),
     "scatter": (0,),
     "send": (0,),
@@ -44,9 +45,11 @@ class CollectiveOnCpuTensor(Rule):
     name), in the same file or in another file of the project when this one starts
     none -- finds `dist.all_reduce`, `broadcast`, `all_gather`, `reduce`, `send`, ...
     given a tensor made on the CPU: by a factory with no `device=` (`torch.tensor(n)`,
-    `torch.zeros(3)`), with `device="cpu"`, by `.cpu()` or `torch.from_numpy`, also in
-    the list given to `all_gather`. The tensor's latest binding before the call
-    decides; a tensor moved since (`t = t.cuda()`) is not reported.
+    `torch.zeros(3)`), with `device="cpu"`, by `.cpu()` or `torch.from_numpy`, also in a
+    list of inputs. Only inputs are judged: the input picks the backend, and NCCL may
+    copy results into outputs elsewhere. The tensor's latest binding before the call
+    decides; a tensor moved since (`t = t.cuda()`) or made under `with device:` is not
+    reported.
 
     ## Why is this bad?
     NCCL only moves GPU memory. The collective raises `RuntimeError: No backend type
@@ -81,7 +84,7 @@ class CollectiveOnCpuTensor(Rule):
     name = "collective-on-cpu-tensor"
     category = "device"
     severity = Severity.ERROR
-    triggers: ClassVar[tuple[str, ...]] = ("nccl",)
+    triggers: ClassVar[tuple[str, ...]] = ("distributed",)  # `import torch.distributed`
 
     _device_blocks: list[tuple[int, int]] | None = None
 
