@@ -2,43 +2,15 @@
 
 Each entry: code, kebab-case name, category, severity ("error"/"warning"), docs in
 ruff's shape. The simulated multi-GPU run (`torchdoctor run --simulate cuda:N --
-torchrun ...`) reports TD113 and TD701–TD706; the non-finite finder
-(`td.guard(model, nonfinite=True)`, `torchdoctor run --detect-nonfinite`) TD217.
+torchrun ...`) reports TD701–TD706, and TD113, documented by its static rule
+(`check/rules/td113_collective_on_cpu_tensor.py`: checker and simulator share the code);
+the non-finite finder (`td.guard(model, nonfinite=True)`, `torchdoctor run
+--detect-nonfinite`) reports TD217.
 """
 
 from __future__ import annotations
 
 ENTRIES: tuple[tuple[str, str, str, str, str], ...] = (
-    (
-        "TD113",
-        "collective-on-cpu-tensor",
-        "distributed",
-        "error",
-        """
-        A collective (`all_reduce`, `broadcast`, ...) got a CPU tensor under the nccl backend.
-
-        ## What it does
-        Under `torchdoctor run --simulate cuda:N -- torchrun ...` every collective checks its
-        tensors as NCCL would; a CPU tensor fails with NCCL's own error, `No backend type
-        associated with device type cpu`, at the line that called it.
-
-        ## Why is this bad?
-        NCCL only communicates GPU tensors. A metric made with `torch.tensor([value])` and
-        all-reduced works in a gloo test on a laptop and crashes on the GPU node.
-
-        ## Example
-        ```python
-        total = torch.tensor([loss.item()])
-        dist.all_reduce(total)
-        ```
-
-        ## Use instead
-        ```python
-        total = torch.tensor([loss.item()], device=device)   # device = cuda:LOCAL_RANK
-        dist.all_reduce(total)
-        ```
-        """,
-    ),
     (
         "TD217",
         "non-finite-value",

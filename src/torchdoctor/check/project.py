@@ -77,6 +77,12 @@ class ProjectIndex:
     call_facts: dict[str, tuple[CallFact, ...]] = field(default_factory=dict)
     # Classes that move data to the device themselves (project_facts.moving_classes).
     moving_classes: frozenset[str] = frozenset()
+    # Classes that build a BatchNorm1d layer, themselves or through another such class
+    # they build (analysis/project_facts.batchnorm_classes; TD216 asks).
+    batchnorm_classes: frozenset[str] = frozenset()
+    # Where a file of the project starts an NCCL process group ("path:line"), if one does
+    # (analysis/project_facts.nccl_start; TD113 asks).
+    nccl_start: str | None = None
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -107,6 +113,10 @@ class ProjectIndex:
         text = "\n".join(sorted(self.module_classes))
         if self.moving_classes:
             text += "\nmoving:" + ",".join(sorted(self.moving_classes))
+        if self.nccl_start:
+            text += "\nnccl:" + self.nccl_start
+        if self.batchnorm_classes:
+            text += "\nbatchnorm:" + ",".join(sorted(self.batchnorm_classes))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -138,20 +138,92 @@ def _portable(value: Value, path: str) -> Value:
     )
 
 
+_BATCHNORM_1D = re.compile(r"\bBatchNorm1d\(")
+# A top-level `class` line; lines may end in \n, \r\n or a lone \r.
+_CLASS_LINE = re.compile(r"(?:^|(?<=[\r\n]))class\s+(\w+)")
+_LINE_END = re.compile(r"\r\n?|\n")
+_CALLED = re.compile(r"(?<![.\w])([A-Z]\w*)\(")  # `Net(`, not `torch.Generator(`
+
+
+def builds_batchnorm1d(source: str) -> bool:
+    """The text builds a `BatchNorm1d` layer: one value per channel on (N, C) inputs."""
+    return "BatchNorm1d" in source and _BATCHNORM_1D.search(source) is not None
+
+
+def class_builds(source: str) -> dict[str, tuple[bool, frozenset[str]]]:
+    """Top-level class name -> (builds a BatchNorm1d, the capitalized names it calls),
+    each class's text taken up to the next top-level class; only for a text that builds
+    a BatchNorm1d (the others cannot start a chain, and scanning every class of a large
+    tree would cost a tenth of parsing it)."""
+    if not builds_batchnorm1d(source):
+        return {}
+    heads = list(_CLASS_LINE.finditer(source))
+    found = {}
+    for i, head in enumerate(heads):
+        body = source[head.end() : heads[i + 1].start() if i + 1 < len(heads) else None]
+        found[head.group(1)] = (builds_batchnorm1d(body), frozenset(_CALLED.findall(body)))
+    return found
+
+
+def batchnorm_classes(
+    classes: dict[str, list[tuple[bool, frozenset[str]]]],
+    definitions: dict[str, int],
+) -> frozenset[str]:
+    """Class names every definition of which builds a BatchNorm1d, or builds (by name) a
+    class that does, among the classes of the files that build one (`class_builds`). A
+    name defined more than once in the project (a `Generator` in each of two scripts)
+    counts only if all its definitions do: which one a file means is unknown."""
+    known = {name: facts for name, facts in classes.items() if len(facts) == definitions.get(name)}
+    found: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, facts in known.items():
+            if name not in found and all(
+                builds or not calls.isdisjoint(found) for builds, calls in facts
+            ):
+                found.add(name)
+                changed = True
+    return frozenset(found)
+
+
+# `init_process_group("nccl")`, `(backend="nccl" if cuda else "gloo")`, over lines.
+_NCCL_START = re.compile(r"init_process_group\((?:[^()]|\([^()]*\))*?[\"']nccl[\"']")
+
+
+def nccl_start(path: str, source: str) -> str | None:
+    """Where (`path:line`) `source` starts an NCCL process group, if it does."""
+    if "nccl" not in source:
+        return None
+    match = _NCCL_START.search(source)
+    if match is None:
+        return None
+    return f"{path}:{len(_LINE_END.findall(source, 0, match.start())) + 1}"
+
+
 def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     """Index `sources`: texts, or (path, text) pairs (paths name files in messages)."""
     index = ProjectIndex()
     candidates: list[tuple[str, str]] = []
     moving: set[str] = set()
+    classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
+    definitions: dict[str, int] = {}  # class name -> how many files define it
     count = 0
     for item in sources:
         path, source = item if isinstance(item, tuple) else ("", item)
-        index.add(scan_classes(source))
+        file_classes = scan_classes(source)
+        index.add(file_classes)
+        for name in file_classes:
+            definitions[name] = definitions.get(name, 0) + 1
         moving |= moving_classes(source)
+        index.nccl_start = index.nccl_start or nccl_start(path, source)
+        for name, facts in class_builds(source).items():
+            classes.setdefault(name, []).append(facts)
         count += 1
         if is_candidate(source):
             candidates.append((path, source))
     index.moving_classes = frozenset(moving)
+    index.batchnorm_classes = batchnorm_classes(classes, definitions)
     index.resolve()
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)

@@ -1,0 +1,116 @@
+"""What pickle cannot store: lambdas and functions defined inside other functions.
+
+Pickle stores a function by its import path (`module.name`); a lambda has none
+(`<lambda>`) and a nested function's path (`f.<locals>.g`) cannot be imported back,
+so both fail with `Can't pickle local object` / `attribute lookup <lambda> failed`.
+Shared by the rules on things that get pickled: whole-model saves (TD405) and
+DataLoader workers under spawn (TD503).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from torchdoctor.check.context import FileContext, walk
+
+# Callees that store the functions they are given: class constructors and these.
+_STORING = frozenset({"partial", "functools.partial"})
+
+
+@dataclass(frozen=True)
+class Unpicklable:
+    node: ast.AST  # the lambda, or the name of the local function
+    what: str  # "a lambda", "the local function `collate`"
+
+
+def local_functions(scope: ast.AST) -> set[str]:
+    """Functions defined inside the function `scope` (not at module or class level)."""
+    if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+        return set()
+    return {
+        node.name
+        for node in walk(scope)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node is not scope
+    }
+
+
+def module_lambdas(tree: ast.Module) -> set[str]:
+    """Module-level names bound to a lambda (`act = lambda x: x`): no importable name."""
+    return {
+        target.id
+        for stmt in tree.body
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Lambda)
+        for target in stmt.targets
+        if isinstance(target, ast.Name)
+    }
+
+
+def own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of `scope`, not those of the functions and classes defined inside it."""
+    found: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def own_calls(scope: ast.AST) -> list[ast.Call]:
+    """The calls of `scope` itself (see `own_nodes`)."""
+    return [n for n in own_nodes(scope) if isinstance(n, ast.Call)]
+
+
+class Finder:
+    """Finds unpicklable callables a value holds, in one function (or the module)."""
+
+    def __init__(self, ctx: FileContext, scope: ast.AST) -> None:
+        self.ctx = ctx
+        self.scope = scope
+        self.locals = local_functions(scope)
+        self.lambdas = module_lambdas(ctx.tree)
+
+    def find(self, expr: ast.expr | None, before: int, depth: int = 6) -> list[Unpicklable]:
+        """What `expr` (evaluated at line `before`) holds that pickle cannot store: itself,
+        the items of a list/tuple/dict, the arguments of a constructor (`Lambda(...)`,
+        `Compose([...])`, `MyDataset(transform=...)`) or of `partial`, and what a name
+        was last bound to in this scope."""
+        if expr is None or depth < 0:
+            return []
+        if isinstance(expr, ast.Lambda):
+            return [Unpicklable(expr, "a lambda")]
+        if isinstance(expr, ast.Name):
+            if expr.id in self.locals:
+                return [Unpicklable(expr, f"the local function `{expr.id}`")]
+            if expr.id in self.lambdas:
+                return [Unpicklable(expr, f"`{expr.id}`, a lambda")]
+            bound = self.binding(expr.id, before)
+            return self.find(bound, before, depth - 1) if bound is not None else []
+        if isinstance(expr, ast.List | ast.Tuple | ast.Set):
+            return [u for e in expr.elts for u in self.find(e, before, depth)]
+        if isinstance(expr, ast.Dict):
+            return [u for v in expr.values for u in self.find(v, before, depth)]
+        if isinstance(expr, ast.Call) and self.stores_arguments(expr):
+            values = [*expr.args, *(k.value for k in expr.keywords)]
+            return [u for v in values for u in self.find(v, before, depth - 1)]
+        return []
+
+    def stores_arguments(self, call: ast.Call) -> bool:
+        name = self.ctx.qualname(call.func) or ""
+        last = name.rsplit(".", 1)[-1]
+        return name in _STORING or last[:1].isupper()
+
+    def binding(self, name: str, before: int) -> ast.expr | None:
+        """The value of the latest plain `name = value` before line `before` in scope."""
+        latest: ast.expr | None = None
+        latest_line = -1
+        for node in own_nodes(self.scope):
+            if (
+                isinstance(node, ast.Assign)
+                and latest_line < node.lineno < before
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            ):
+                latest, latest_line = node.value, node.lineno
+        return latest
