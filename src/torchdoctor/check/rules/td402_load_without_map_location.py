@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import ClassVar
 
 from torchdoctor.check.context import FileContext, walk
@@ -8,6 +9,11 @@ from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
 
 _TORCH_LOAD = frozenset({"torch.load"})
+# Words of a file that may run on, or write from, an accelerator. A file with none of
+# them never touches a GPU, so what it reads back cannot be shown to hold GPU tensors.
+_ACCELERATOR = re.compile(r"cuda|device|gpu|accel|\bmps\b|xla|\.to\(", re.IGNORECASE)
+# Saves that put every tensor on the CPU first (FSDP's state-dict configs).
+_CPU_SAVES = re.compile(r"offload_to_cpu\s*=\s*True")
 
 
 class LoadWithoutMapLocation(Rule):
@@ -76,7 +82,13 @@ class LoadWithoutMapLocation(Rule):
         if len(node.args) >= 2 or any(kw.arg in ("map_location", None) for kw in node.keywords):
             return  # positional map_location, or **kwargs that may carry it
         source = node.args[0]
-        if self._in_memory(source) or self._saved_here(source):
+        if (
+            self._in_memory(source)
+            or self._saved_here(source)
+            or self._no_accelerator()
+            or self._holds_no_device_tensors(node)
+            or self._saved_from_cpu(source)
+        ):
             return
         last = max(
             (*node.args, *node.keywords),
@@ -92,6 +104,50 @@ class LoadWithoutMapLocation(Rule):
             "were saved from; it fails on a machine without that GPU",
             fix=fix,
         )
+
+    def _no_accelerator(self) -> bool:
+        """The file never names an accelerator or a move: it runs on the CPU, and
+        nothing in it shows that the file it reads was written from a GPU."""
+        return _ACCELERATOR.search(self.ctx.source) is None
+
+    def _holds_no_device_tensors(self, load: ast.Call) -> bool:
+        """What is loaded holds no GPU tensors: NumPy arrays (`torch.from_numpy(x)` of
+        the loaded name) or a GradScaler's state (floats and ints)."""
+        parent = self.ctx.stack[-1] if self.ctx.stack else None
+        if (
+            isinstance(parent, ast.Call)
+            and isinstance(parent.func, ast.Attribute)
+            and parent.func.attr == "load_state_dict"
+            and "scaler" in self.ctx.segment(parent.func.value).lower()
+        ):
+            return True
+        if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1):
+            return False
+        target = parent.targets[0]
+        if not isinstance(target, ast.Name):
+            return False
+        name = re.escape(target.id)
+        scope = self._scope()
+        text = self.ctx.source if isinstance(scope, ast.Module) else self.ctx.segment(scope)
+        return re.search(rf"from_numpy\(\s*{name}\b", text) is not None
+
+    def _saved_from_cpu(self, source: ast.expr) -> bool:
+        """This file saves the tensors it reads back on the CPU: with FSDP's
+        `offload_to_cpu=True`, or `torch.save(x.cpu(), path)` to the same path (the
+        same expression, or the same file name)."""
+        if _CPU_SAVES.search(self.ctx.source):
+            return True
+        names = _file_names(source) or {self.ctx.segment(source)}
+        for sub in walk(self.ctx.tree):
+            if (
+                isinstance(sub, ast.Call)
+                and len(sub.args) >= 2
+                and self.ctx.call_name(sub) == "torch.save"
+                and ".cpu()" in self.ctx.segment(sub.args[0])
+                and names & (_file_names(sub.args[1]) or {self.ctx.segment(sub.args[1])})
+            ):
+                return True
+        return False
 
     def _scope(self) -> ast.AST:
         function = self.ctx.enclosing_function()
@@ -139,6 +195,16 @@ class LoadWithoutMapLocation(Rule):
             ):
                 return True
         return False
+
+
+def _file_names(path: ast.expr) -> set[str]:
+    """The file names written in a path expression: `"trainfeat.pth"` in
+    `os.path.join(out, "trainfeat.pth")`."""
+    return {
+        n.value.rsplit("/", 1)[-1]
+        for n in ast.walk(path)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and "." in n.value
+    }
 
 
 def _is_bytes_io(name: str | None) -> bool:
