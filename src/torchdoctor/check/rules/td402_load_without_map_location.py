@@ -10,7 +10,7 @@ from torchdoctor.check.rules._file_gate import has_word, skip_visits
 
 _TORCH_LOAD = frozenset({"torch.load"})
 # Words of a file that may run on, or write from, an accelerator. A file with none of
-# them never touches a GPU, so what it reads back cannot be shown to hold GPU tensors.
+# them never touches a GPU: what it saves holds CPU tensors.
 _ACCELERATOR = re.compile(r"cuda|device|gpu|accel|\bmps\b|xla|\.to\(", re.IGNORECASE)
 # Saves that put every tensor on the CPU first (FSDP's state-dict configs).
 _CPU_SAVES = re.compile(r"offload_to_cpu\s*=\s*True")
@@ -26,7 +26,11 @@ class LoadWithoutMapLocation(Rule):
     `torch.save`s to the same file or buffer earlier in the same function (the
     saving device is this machine's), and loads from in-memory `io.BytesIO`
     buffers, which hold bytes the program produced itself (pickling, RPC, archive
-    members) and whose devices it means to restore.
+    members) and whose devices it means to restore. So are loads of what holds no
+    GPU tensors, as the file shows: files this file saves on the CPU (FSDP's
+    `offload_to_cpu=True`, `torch.save(x.cpu(), path)` to the same file name, any
+    save to it in a file that never names an accelerator), NumPy arrays (the result
+    goes to `torch.from_numpy`) and a `GradScaler`'s state (floats and ints).
 
     ## Why is this bad?
     `torch.save` records the device of every tensor. Without `map_location`,
@@ -85,7 +89,6 @@ class LoadWithoutMapLocation(Rule):
         if (
             self._in_memory(source)
             or self._saved_here(source)
-            or self._no_accelerator()
             or self._holds_no_device_tensors(node)
             or self._saved_from_cpu(source)
         ):
@@ -104,11 +107,6 @@ class LoadWithoutMapLocation(Rule):
             "were saved from; it fails on a machine without that GPU",
             fix=fix,
         )
-
-    def _no_accelerator(self) -> bool:
-        """The file never names an accelerator or a move: it runs on the CPU, and
-        nothing in it shows that the file it reads was written from a GPU."""
-        return _ACCELERATOR.search(self.ctx.source) is None
 
     def _holds_no_device_tensors(self, load: ast.Call) -> bool:
         """What is loaded holds no GPU tensors: NumPy arrays (`torch.from_numpy(x)` of
@@ -134,16 +132,18 @@ class LoadWithoutMapLocation(Rule):
     def _saved_from_cpu(self, source: ast.expr) -> bool:
         """This file saves the tensors it reads back on the CPU: with FSDP's
         `offload_to_cpu=True`, or `torch.save(x.cpu(), path)` to the same path (the
-        same expression, or the same file name)."""
+        same expression, or the same file name), or any save to it in a file that never
+        names an accelerator (a CPU-only lesson, a dataset caching what it read)."""
         if _CPU_SAVES.search(self.ctx.source):
             return True
+        cpu_only = _ACCELERATOR.search(self.ctx.source) is None
         names = _file_names(source) or {self.ctx.segment(source)}
         for sub in walk(self.ctx.tree):
             if (
                 isinstance(sub, ast.Call)
                 and len(sub.args) >= 2
                 and self.ctx.call_name(sub) == "torch.save"
-                and ".cpu()" in self.ctx.segment(sub.args[0])
+                and (cpu_only or ".cpu()" in self.ctx.segment(sub.args[0]))
                 and names & (_file_names(sub.args[1]) or {self.ctx.segment(sub.args[1])})
             ):
                 return True
