@@ -19,8 +19,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: venv
-	@echo "== torchdoctor check examples/  (static: finds the bugs before anything runs)"
-	@$(BIN)/torchdoctor check examples/ --no-cache; test $$? -le 1
+	@echo "== torchdoctor check examples/ --extend-select advice  (static: finds the bugs before anything runs)"
+	@$(BIN)/torchdoctor check examples/ --no-cache --extend-select advice; test $$? -le 1
 	@echo
 	@echo "== torchdoctor run --simulate cuda --keep-going examples/buggy/train.py  (a virtual GPU on this CPU machine)"
 	@cd examples/buggy && PYTHONWARNINGS=ignore::FutureWarning \
