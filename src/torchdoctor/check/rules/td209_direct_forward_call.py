@@ -17,8 +17,8 @@ _NOT_A_MODULE = re.compile(r"hook|func|(^|_)fn($|_)|(^|_)gm$|graph_module|^_c$",
 # What the file shows that puts hooks on modules: hook registration and the tools that
 # work through hooks. Without any, `.forward()` and `__call__` compute the same thing.
 _HOOKS = re.compile(
-    r"register_\w*hook|spectral_norm|weight_norm|parametriz|prune\.|quant_noise"
-    r"|FullyShardedDataParallel|fully_shard|FSDP|checkpoint_wrapper|quantization\.prepare"
+    r"register_\w*hook|register_parametrization|parametrizations\.|spectral_norm|weight_norm"
+    r"|prune\.|quant_noise|FullyShardedDataParallel|fully_shard|FSDP|checkpoint_wrapper|quantization\.prepare"
     r"|prepare_qat|prepare_fx|\bhooks\b"
 )
 _EXPECTS_ERROR = re.compile(r"raises|assertRaises", re.IGNORECASE)

@@ -4,6 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.names import is_test_file
 from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
@@ -12,6 +13,9 @@ _TORCH_LOAD = frozenset({"torch.load"})
 # Words of a file that may run on, or write from, an accelerator. A file with none of
 # them never touches a GPU: what it saves holds CPU tensors.
 _ACCELERATOR = re.compile(r"cuda|device|gpu|accel|\bmps\b|xla|\.to\(", re.IGNORECASE)
+# A temporary folder: fresh for each run, so what a test reads from it this run wrote.
+_TEMP = re.compile(r"\b(tmp_path\w*|tmpdir\w*|tempfile|TemporaryDirectory|mkdtemp|mktemp)\b")
+_TEMP_PARAMETERS = frozenset({"tmp_path", "tmpdir", "tmp_dir", "dirname", "temp_dir"})
 # Saves that put every tensor on the CPU first (FSDP's state-dict configs).
 _CPU_SAVES = re.compile(r"offload_to_cpu\s*=\s*True")
 
@@ -91,6 +95,7 @@ class LoadWithoutMapLocation(Rule):
             or self._saved_here(source)
             or self._holds_no_device_tensors(node)
             or self._saved_from_cpu(source)
+            or self._test_reads_its_temp_files()
         ):
             return
         last = max(
@@ -148,6 +153,22 @@ class LoadWithoutMapLocation(Rule):
             ):
                 return True
         return False
+
+    def _test_reads_its_temp_files(self) -> bool:
+        """A test that works in a temporary folder (its own, or a fixture's of this file
+        that makes one): what it loads was written by this run, on this machine."""
+        function = self.ctx.enclosing_function()
+        if function is None or not is_test_file(self.ctx.path):
+            return False
+        params = {a.arg for a in (*function.args.posonlyargs, *function.args.args)}
+        if params & _TEMP_PARAMETERS or _TEMP.search(self.ctx.segment(function)):
+            return True
+        return any(
+            isinstance(sub, ast.FunctionDef)
+            and sub.name in params
+            and _TEMP.search(self.ctx.segment(sub)) is not None
+            for sub in self.ctx.tree.body
+        )
 
     def _scope(self) -> ast.AST:
         function = self.ctx.enclosing_function()
