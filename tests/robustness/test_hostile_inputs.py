@@ -59,7 +59,6 @@ READABLE: dict[str, tuple[bytes, int]] = {
 # file name -> (bytes, words the TD001 message must contain)
 BROKEN: dict[str, tuple[bytes, str]] = {
     "not_utf8.py": (b"import torch\nname = '\xff\xfe'\n" + LOAD + b"\n", "decode"),
-    "unknown_cookie.py": (b"# coding: klingon\nimport torch\n", "klingon"),
     "bom_and_latin1_cookie.py": (b"\xef\xbb\xbf# coding: latin-1\nimport torch\n", "decode"),
     "nul_byte.py": (b"import torch\x00\n" + LOAD + b"\n", "null bytes"),
     "mixed_tabs.py": (b"if True:\n\tx = 1\n        y = 2\n", "tabs and spaces"),
