@@ -44,7 +44,7 @@ FOUND_BY = {
 }
 GROUP_TEXT = {
     "bugs": "bugs: the code is wrong (on by default)",
-    "advice": "advice: portability, style or deprecation (opt in: `--extend-select advice`)",
+    "advice": "advice: portability, performance or style (opt in: `--extend-select advice`)",
 }
 FIX_TEXT = {
     FixAvailability.NONE: "none",

@@ -84,7 +84,7 @@ def test_rule_page_shows_its_sections_and_the_errors_it_explains(site: Path) -> 
         assert entry.title in text
     assert "bugs: the code is wrong (on by default)" in text
     advice = _text(site / "rules" / "TD114" / "index.html")
-    assert "advice: portability, style or deprecation" in advice
+    assert "advice: portability, performance or style" in advice
 
 
 def test_explain_catalogue_has_every_entry(site: Path) -> None:

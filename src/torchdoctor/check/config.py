@@ -18,7 +18,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 # Rule groups a selector may name: `bugs` (on by default: the code is wrong) and
-# `advice` (off by default: portability, style and deprecation notes).
+# `advice` (off by default: portability, performance and style notes).
 GROUP_SELECTORS = ("BUGS", "ADVICE")
 
 DEFAULT_EXCLUDE: tuple[str, ...] = (

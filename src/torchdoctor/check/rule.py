@@ -35,7 +35,7 @@ class Rule:
     fix_availability: ClassVar[FixAvailability] = FixAvailability.NONE
     default_enabled: ClassVar[bool] = True
     # "bugs": the finding says the code is wrong (on by default); "advice": portability,
-    # style or deprecation notes, off by default, switched on with `--extend-select advice`.
+    # performance or style notes, off by default, switched on with `--extend-select advice`.
     group: ClassVar[str] = "bugs"
     triggers: ClassVar[tuple[str, ...]] = ()
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()

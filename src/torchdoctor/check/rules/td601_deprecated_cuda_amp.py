@@ -89,7 +89,6 @@ class DeprecatedCudaAmp(Rule):
     code = "TD601"
     name = "deprecated-cuda-amp"
     category = "deprecation"
-    group = "advice"
     severity = Severity.INFO
     fix_availability = FixAvailability.SAFE
     triggers: ClassVar[tuple[str, ...]] = ("cuda.amp", "cpu.amp")
