@@ -137,22 +137,47 @@ class LoadWithoutMapLocation(Rule):
     def _saved_from_cpu(self, source: ast.expr) -> bool:
         """This file saves the tensors it reads back on the CPU: with FSDP's
         `offload_to_cpu=True`, or `torch.save(x.cpu(), path)` to the same path (the
-        same expression, or the same file name), or any save to it in a file that never
-        names an accelerator (a CPU-only lesson, a dataset caching what it read)."""
+        same expression, or the same file name), or any save to it, of what this file
+        makes, in a file that never names an accelerator (a CPU-only lesson, a dataset
+        caching what it read). A module's own state (`self.state_dict()`) or an object
+        handed in (a parameter) may be on a GPU that code elsewhere moved it to."""
         if _CPU_SAVES.search(self.ctx.source):
             return True
         cpu_only = _ACCELERATOR.search(self.ctx.source) is None
         names = _file_names(source) or {self.ctx.segment(source)}
+        outside = self._handed_in_saves() if cpu_only else set()
         for sub in walk(self.ctx.tree):
             if (
                 isinstance(sub, ast.Call)
                 and len(sub.args) >= 2
                 and self.ctx.call_name(sub) == "torch.save"
-                and (cpu_only or ".cpu()" in self.ctx.segment(sub.args[0]))
+                and (
+                    (cpu_only and id(sub) not in outside)
+                    or ".cpu()" in self.ctx.segment(sub.args[0])
+                )
                 and names & (_file_names(sub.args[1]) or {self.ctx.segment(sub.args[1])})
             ):
                 return True
         return False
+
+    def _handed_in_saves(self) -> set[int]:
+        """`torch.save` calls whose saved value is rooted at `self` or at a parameter of
+        the function that saves: state this file does not make."""
+        found: set[int] = set()
+        for function in walk(self.ctx.tree):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            params = {a.arg for a in (*function.args.posonlyargs, *function.args.args)}
+            params |= {a.arg for a in function.args.kwonlyargs}
+            for sub in walk(function):
+                if (
+                    isinstance(sub, ast.Call)
+                    and sub.args
+                    and self.ctx.call_name(sub) == "torch.save"
+                    and _root_name(sub.args[0]) in params | {"self"}
+                ):
+                    found.add(id(sub))
+        return found
 
     def _test_reads_its_temp_files(self) -> bool:
         """A test that works in a temporary folder (its own, or a fixture's of this file
@@ -216,6 +241,13 @@ class LoadWithoutMapLocation(Rule):
             ):
                 return True
         return False
+
+
+def _root_name(node: ast.expr) -> str:
+    """`self` for `self.model.state_dict()`, `obj` for `obj`."""
+    while isinstance(node, ast.Attribute | ast.Call | ast.Subscript):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
 
 
 def _file_names(path: ast.expr) -> set[str]:
