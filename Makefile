@@ -19,8 +19,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: venv
-	@echo "== 1. torchdoctor check examples/buggy  (static: finds the bugs before anything runs)"
-	@$(BIN)/torchdoctor check examples/buggy --no-cache; test $$? -eq 1
+	@echo "== 1. torchdoctor check examples/buggy --extend-select advice  (static: finds the bugs before anything runs)"
+	@$(BIN)/torchdoctor check examples/buggy --no-cache --extend-select advice; test $$? -eq 1
 	@echo
 	@echo "== 2. torchdoctor run --simulate cuda --keep-going examples/buggy/train.py  (a virtual GPU on this CPU machine)"
 	@cd examples/buggy && PYTHONWARNINGS=ignore::FutureWarning \

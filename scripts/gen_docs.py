@@ -42,6 +42,10 @@ FOUND_BY = {
     "runtime": "`td.guard(model)`, `torchdoctor run` and `td.explain` at run time (no static rule)",
     "engine": "the checker itself",
 }
+GROUP_TEXT = {
+    "bugs": "bugs: the code is wrong (on by default)",
+    "advice": "advice: portability, performance or style (opt in: `--extend-select advice`)",
+}
 FIX_TEXT = {
     FixAvailability.NONE: "none",
     FixAvailability.SAFE: "safe: applied by `torchdoctor check --fix`",
@@ -81,6 +85,7 @@ def rule_page(info: RuleInfo, errors: Iterable[kb.Entry]) -> str:
     if info.kind == "static":
         lines += [
             f"| Fix | {FIX_TEXT[info.fix]} |",
+            f"| Group | {GROUP_TEXT.get(info.group, info.group)} |",
             f"| Enabled by default | {'yes' if info.default_enabled else 'no (opt in with `--extend-select`)'} |",  # noqa: E501
         ]
     lines += ["", body.strip(), ""]

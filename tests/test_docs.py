@@ -82,6 +82,9 @@ def test_rule_page_shows_its_sections_and_the_errors_it_explains(site: Path) -> 
     assert linked, "the knowledge base names TD402 as a cause"
     for entry in linked:
         assert entry.title in text
+    assert "bugs: the code is wrong (on by default)" in text
+    advice = _text(site / "rules" / "TD114" / "index.html")
+    assert "advice: portability, performance or style" in advice
 
 
 def test_explain_catalogue_has_every_entry(site: Path) -> None:

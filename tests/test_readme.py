@@ -264,7 +264,13 @@ def test_every_torchdoctor_config_block_loads_and_its_comments_are_true(tmp_path
         load_settings(config, list(catalog()))  # raises on an unknown key, code or value
         for line in block.body.splitlines():
             if "off by default" in line:
-                codes = re.findall(r"TD\d+", line.split("#")[0])
+                named = re.findall(r'"([^"]+)"', line.split("#")[0])
+                codes = [
+                    code
+                    for name in named
+                    for code, info in catalog().items()
+                    if code == name or info.group == name
+                ]
                 assert codes and all(not catalog()[c].default_enabled for c in codes), line
 
 

@@ -28,6 +28,7 @@ class RuleInfo:
     default_enabled: bool
     doc: str
     kind: str  # "static" (a check rule), "runtime" (guard/simulate/explain only), "engine"
+    group: str = "bugs"  # "bugs" (the code is wrong) or "advice" (opt-in: portability, style)
 
     @property
     def summary(self) -> str:
@@ -240,9 +241,11 @@ def catalog() -> dict[str, RuleInfo]:
             category=rule.category,
             severity=rule.severity,
             fix=rule.fix_availability,
-            default_enabled=rule.default_enabled,
+            # advice is opt-in: `--extend-select advice` (or a code) switches it on
+            default_enabled=rule.default_enabled and rule.group != "advice",
             doc=rule.doc(),
             kind="static",
+            group=rule.group,
         )
     return dict(sorted(entries.items()))
 

@@ -15,6 +15,10 @@ import pytest
 
 from torchdoctor.cli import main
 
+# Rule fixtures named like tests (`test_*.py`: the rules treat test files apart) are
+# data for the rules, not tests to run.
+collect_ignore_glob = ["fixtures/*"]
+
 # A file with exactly one TD402 finding (line 2) whose safe fix adds map_location.
 LOAD = 'import torch\nstate = torch.load("model.pt")\n'
 FIXED_LOAD = 'import torch\nstate = torch.load("model.pt", map_location="cpu")\n'

@@ -48,8 +48,8 @@ def test_explicit_config_file_and_missing_one(td: CLI, project: Path) -> None:
     ("table", "message"),
     [
         ('selekt = ["TD4"]', "unknown key(s) in [tool.torchdoctor]: selekt"),
-        ('select = ["TD999"]', "unknown rule code or prefix 'TD999'"),
-        ('ignore = ["XX1"]', "unknown rule code or prefix 'XX1'"),
+        ('select = ["TD999"]', "unknown rule code, prefix or group 'TD999'"),
+        ('ignore = ["XX1"]', "unknown rule code, prefix or group 'XX1'"),
         ('select = "TD402"', "'select' must be a list of rule codes"),
         ('per-file-ignores = {"a.py" = ["TD999"]}', "per-file-ignores 'a.py'"),
         ('target-version = "two"', "is not a torch version"),
@@ -75,7 +75,7 @@ def test_unknown_code_on_the_command_line_exits_2(td: CLI, project: Path, flag: 
     write(project / "a.py", LOAD)
     run = td("check", flag, "TD4O2", "a.py")
     assert run.code == 2
-    assert "unknown rule code or prefix 'TD4O2'" in run.err
+    assert "unknown rule code, prefix or group 'TD4O2'" in run.err
 
 
 def test_selection_by_prefix_and_cli_overrides_config(td: CLI, project: Path) -> None:
@@ -206,7 +206,7 @@ def test_an_unrelated_config_that_is_not_utf8_is_still_skipped(td: CLI, project:
             'ignore = ["load-without-map-locaton"]',
             "(did you mean 'TD402', the code of 'load-without-map-location'?)",
         ),
-        ('ignore = ["QQQQQQ"]', "unknown rule code or prefix 'QQQQQQ'\n"),
+        ('ignore = ["QQQQQQ"]', "unknown rule code, prefix or group 'QQQQQQ'\n"),
     ],
 )
 def test_unknown_keys_and_codes_in_config_suggest_the_closest(
@@ -217,3 +217,39 @@ def test_unknown_keys_and_codes_in_config_suggest_the_closest(
     run = td("check", "a.py")
     assert run.code == 2
     assert message in run.err.splitlines()[0] + "\n", run.err
+
+
+ADVICE_AND_BUG = """\
+import torch
+from torch import nn
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model.to(device)
+state = torch.load("ckpt.pt")
+"""
+
+
+def test_advice_group_is_off_by_default_and_selected_by_its_name(td: CLI, project: Path) -> None:
+    write(project / "a.py", ADVICE_AND_BUG)
+    found = {code for _, code in codes(td, "--isolated", "a.py")}
+    assert "TD402" in found and "TD108" not in found  # a bug is on, advice is not
+    found = {code for _, code in codes(td, "--isolated", "--extend-select", "advice", "a.py")}
+    assert {"TD402", "TD108"} <= found
+    assert {code for _, code in codes(td, "--isolated", "--select", "advice", "a.py")} == {"TD108"}
+    found = {code for _, code in codes(td, "--isolated", "--select", "ALL", "--ignore", "bugs")}
+    assert found == {"TD108"}
+    write(project / "pyproject.toml", '[tool.torchdoctor]\nextend-select = ["advice"]\n')
+    assert "TD108" in {code for _, code in codes(td, "a.py")}
+
+
+def test_rules_and_rule_show_each_rules_group(td: CLI) -> None:
+    listing = td("rules")
+    line = next(ln for ln in listing.out.splitlines() if ln.startswith("TD108"))
+    assert "advice" in line and "(off by default)" in line
+    assert "bugs" in next(ln for ln in listing.out.splitlines() if ln.startswith("TD402"))
+    rows = {r["code"]: r for r in json.loads(td("rules", "--format", "json").out)}
+    assert rows["TD108"]["group"] == "advice" and not rows["TD108"]["default_enabled"]
+    assert rows["TD402"]["group"] == "bugs" and rows["TD402"]["default_enabled"]
+    assert "Group: advice." in td("rule", "TD108").out

@@ -130,7 +130,7 @@ def test_rules_lists_every_static_rule(td: CLI) -> None:
         row = next(line for line in lines if line.startswith(rule.code + " "))
         assert rule.name in row and rule.severity.value in row
     td402 = next(line for line in lines if line.startswith("TD402"))
-    assert td402.split()[:4] == ["TD402", "*", "load-without-map-location", "warning"]
+    assert td402.split()[:5] == ["TD402", "*", "load-without-map-location", "bugs", "warning"]
     items = json.loads(td("rules", "--format", "json").out)
     assert {i["code"] for i in items} == {r.code for r in rule_classes()}
     assert {i["code"] for i in json.loads(td("rules", "--all", "--format", "json").out)} >= {
@@ -177,7 +177,7 @@ def test_bad_arguments_are_one_line_not_the_usage(
     [
         (
             ["--select", "TD4O2"],
-            "--select: unknown rule code or prefix 'TD4O2' (did you mean 'TD402'?)",
+            "--select: unknown rule code, prefix or group 'TD4O2' (did you mean 'TD402'?)",
         ),
         (["--ignore", "TD4022"], "(did you mean 'TD402'?)"),
         (

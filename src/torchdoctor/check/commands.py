@@ -192,7 +192,8 @@ def run_check_command(args: argparse.Namespace) -> int:
 
     entries = catalog()
     enabled = settings.enabled_codes(
-        (code, info.default_enabled) for code, info in entries.items() if info.kind != "runtime"
+        ((code, info.default_enabled) for code, info in entries.items() if info.kind != "runtime"),
+        {code: info.group for code, info in entries.items()},
     )
     options = RunOptions(
         enabled=enabled,
@@ -329,6 +330,7 @@ def run_rules_command(args: argparse.Namespace) -> int:
                     "severity": i.severity.value,
                     "fix": i.fix.value,
                     "default_enabled": i.default_enabled,
+                    "group": i.group,
                     "kind": i.kind,
                     "summary": i.summary,
                     "url": i.url,
@@ -344,8 +346,12 @@ def run_rules_command(args: argparse.Namespace) -> int:
     for i in entries:
         fix = {"none": " ", "safe": "*", "unsafe": "~"}[i.fix.value]
         on = "" if i.default_enabled else " (off by default)"
-        print(f"{i.code}  {fix} {i.name:<{width}}  {i.severity.value:<7}  {i.summary}{on}")
+        print(
+            f"{i.code}  {fix} {i.name:<{width}}  {i.group:<6}  {i.severity.value:<7}  "
+            f"{i.summary}{on}"
+        )
     print("\n* safe fix   ~ unsafe fix (--unsafe-fixes)   `torchdoctor rule CODE` for docs")
+    print("bugs: on by default   advice: opt in with `--extend-select advice`")
     return 0
 
 
@@ -361,7 +367,7 @@ def run_rule_command(args: argparse.Namespace) -> int:
         )
     print(f"# {info.code} {info.name}\n")
     print(
-        f"Category: {info.category}. Severity: {info.severity.value}. "
+        f"Group: {info.group}. Category: {info.category}. Severity: {info.severity.value}. "
         f"Fix: {info.fix.value}. "
         + ("On by default." if info.default_enabled else "Off by default.")
         + ("" if info.kind == "static" else f" Raised by: {info.kind}.")

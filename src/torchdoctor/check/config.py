@@ -6,7 +6,7 @@ import difflib
 import fnmatch
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,10 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+
+# Rule groups a selector may name: `bugs` (on by default: the code is wrong) and
+# `advice` (off by default: portability, performance and style notes).
+GROUP_SELECTORS = ("BUGS", "ADVICE")
 
 DEFAULT_EXCLUDE: tuple[str, ...] = (
     ".git",
@@ -67,16 +71,21 @@ class Settings:
     root: Path = field(default_factory=Path.cwd)  # folder of the config file
     config_file: Path | None = None
 
-    def enabled_codes(self, all_codes: Iterable[tuple[str, bool]]) -> frozenset[str]:
-        """Codes on for this run, given (code, on_by_default) for every rule."""
+    def enabled_codes(
+        self, all_codes: Iterable[tuple[str, bool]], groups: Mapping[str, str] | None = None
+    ) -> frozenset[str]:
+        """Codes on for this run, given (code, on_by_default) for every rule and each
+        rule's group (`bugs`, `advice`), which a selector may name instead of a prefix."""
+        groups = groups or {}
         enabled = set()
         for code, default_on in all_codes:
+            group = groups.get(code, "")
             if self.select is None:
                 on = default_on
             else:
-                on = any(_matches(code, sel) for sel in self.select)
-            on = on or any(_matches(code, sel) for sel in self.extend_select)
-            if on and not any(_matches(code, sel) for sel in self.ignore):
+                on = any(matches(code, group, sel) for sel in self.select)
+            on = on or any(matches(code, group, sel) for sel in self.extend_select)
+            if on and not any(matches(code, group, sel) for sel in self.ignore):
                 enabled.add(code)
         return frozenset(enabled)
 
@@ -123,8 +132,9 @@ class Settings:
         return any(self.excluded_entry(c) for c in candidates)
 
 
-def _matches(code: str, selector: str) -> bool:
-    return selector == "ALL" or code.startswith(selector)
+def matches(code: str, group: str, selector: str) -> bool:
+    """A selector is ALL, a code prefix (`TD4`, `TD402`) or a group name (`ADVICE`)."""
+    return selector == "ALL" or code.startswith(selector) or selector == group.upper()
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -304,7 +314,7 @@ def validate_selectors(
     where: str,
     names: dict[str, str] | None = None,
 ) -> list[str]:
-    """Each selector must be ALL or a prefix of at least one known code.
+    """Each selector must be ALL, a group (`bugs`, `advice`) or a prefix of a known code.
 
     `names` (rule name -> code) only improves the message for a selector that is not.
     """
@@ -313,11 +323,13 @@ def validate_selectors(
         sel = raw.strip().upper()
         if not sel:
             continue
-        if sel != "ALL" and not any(code.startswith(sel) for code in known_codes):
+        if sel not in ("ALL", *GROUP_SELECTORS) and not any(
+            code.startswith(sel) for code in known_codes
+        ):
             hint = did_you_mean(sel, known_codes, names) or did_you_mean(raw.strip(), [], names)
             raise ConfigError(
-                f"{where}: unknown rule code or prefix {raw!r}{hint}",
-                fix="`torchdoctor rules` lists every code",
+                f"{where}: unknown rule code, prefix or group {raw!r}{hint}",
+                fix="`torchdoctor rules` lists every code and its group (bugs, advice)",
             )
         out.append(sel)
     return out

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.project_facts import build_project
-from torchdoctor.check.config import Settings
+from torchdoctor.check.config import Settings, matches
 from torchdoctor.check.context import (
     OPERATOR_TYPES,
     STATEMENTS,
@@ -392,5 +392,5 @@ def rules_for(path: Path, settings: Settings, options: RunOptions) -> list[type[
     return [
         rule
         for rule in select_rules(options.enabled)
-        if not any(rule.code.startswith(sel) or sel == "ALL" for sel in ignored)
+        if not any(matches(rule.code, rule.group, sel) for sel in ignored)
     ]

@@ -32,7 +32,8 @@ def _settings_in(folder: str) -> tuple[Settings, RunOptions]:
     except TorchDoctorError:
         settings = load_settings(None, list(entries))  # a broken config: use the defaults
     enabled = settings.enabled_codes(
-        (code, info.default_enabled) for code, info in entries.items() if info.kind == "static"
+        ((code, info.default_enabled) for code, info in entries.items() if info.kind == "static"),
+        {code: info.group for code, info in entries.items()},
     )
     return settings, RunOptions(enabled=enabled, target_version=settings.target_version)
 

@@ -34,6 +34,9 @@ class Rule:
     severity: ClassVar[Severity] = Severity.WARNING
     fix_availability: ClassVar[FixAvailability] = FixAvailability.NONE
     default_enabled: ClassVar[bool] = True
+    # "bugs": the finding says the code is wrong (on by default); "advice": portability,
+    # performance or style notes, off by default, switched on with `--extend-select advice`.
+    group: ClassVar[str] = "bugs"
     triggers: ClassVar[tuple[str, ...]] = ()
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 

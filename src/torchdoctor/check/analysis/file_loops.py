@@ -144,7 +144,10 @@ class FileLoops(LoopIndex):
             if call is None:
                 return None  # assigned from something we cannot follow
             name = last_part(call.group(1))
-            if name in ("DataParallel", "DistributedDataParallel", "DDP", "compile", "to"):
+            if name in (
+                *("DataParallel", "DistributedDataParallel", "DDP", "compile"),
+                *("to", "cuda", "cpu", "half", "float"),  # Module methods that return self
+            ):
                 continue
             head, _, rest = call.group(1).partition(".")
             qual = self.ctx.imports.get(head, head) + ("." + rest if rest else "")
@@ -157,7 +160,7 @@ class FileLoops(LoopIndex):
                     return True  # nn.Dropout(...), nn.LSTM(..., dropout=0.5)
                 plain_layers = True
                 continue  # nn.Linear, nn.Conv2d, nn.LSTM: the same in both modes
-            if not name[:1].isupper():
+            if not name[:1].isupper() and name not in self.classes:
                 return None  # a factory: get_model(...), resnet18(...)
             classes.add(name)
         if not classes:

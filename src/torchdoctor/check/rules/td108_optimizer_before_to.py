@@ -26,6 +26,10 @@ class OptimizerBeforeTo(Rule):
     XLA/TPU devices, some tensor subclasses) the optimizer keeps updating the old
     CPU tensors and the model on the device never trains, silently.
 
+    With default settings on CPU and CUDA nothing goes wrong (optimizers create
+    their state at the first step, on the moved parameters), so this is advice:
+    off by default, on with `--extend-select advice`.
+
     ## Example
     ```python
     model = Net()
@@ -46,6 +50,7 @@ class OptimizerBeforeTo(Rule):
     code = "TD108"
     name = "optimizer-before-to"
     category = "device"
+    group = "advice"
     severity = Severity.WARNING
     triggers: ClassVar[tuple[str, ...]] = ("optim",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()

@@ -23,6 +23,9 @@ class NonBlockingUnpinned(Rule):
     backend non-blocking copies from pageable memory have produced wrong values
     when the source is reused before the copy finished.
 
+    Nothing computes wrong on CUDA (the copy is only slower than it could be), so
+    this is advice: off by default, on with `--extend-select advice`.
+
     ## Example
     ```python
     loader = DataLoader(dataset, batch_size=64, num_workers=4)
@@ -44,6 +47,7 @@ class NonBlockingUnpinned(Rule):
     code = "TD109"
     name = "non-blocking-unpinned"
     category = "device"
+    group = "advice"
     severity = Severity.INFO
     triggers: ClassVar[tuple[str, ...]] = ("non_blocking",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()

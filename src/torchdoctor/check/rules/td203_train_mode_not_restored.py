@@ -70,6 +70,8 @@ class TrainModeNotRestored(Rule):
             if not fi.mentions_model:
                 continue
             for step in fl.modes(fi).steps:
+                if fl.key_mode_sensitive(step.key) is False:
+                    continue  # no Dropout/BatchNorm: eval mode changes nothing in training
                 step_line = getattr(step.node, "lineno", 0)
                 for origin in sorted(step.origins, key=lambda o: o.line):
                     if origin.mode != EVAL or origin.line <= step_line or origin.node is None:

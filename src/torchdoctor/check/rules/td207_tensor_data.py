@@ -69,8 +69,8 @@ class TensorData(Rule):
     code = "TD207"
     name = "tensor-data"
     category = "training"
+    group = "advice"
     severity = Severity.INFO
-    default_enabled = False
     triggers: ClassVar[tuple[str, ...]] = (".data",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Attribute,)
 

@@ -14,6 +14,13 @@ _REMOTE = re.compile(r"rpc_sync|rpc_async|remote|rref", re.IGNORECASE)
 # Objects that have a `forward` but are no nn.Module (hook objects, plain functions),
 # or FX graph modules that compiler code runs directly, hooks-free by construction.
 _NOT_A_MODULE = re.compile(r"hook|func|(^|_)fn($|_)|(^|_)gm$|graph_module|^_c$", re.IGNORECASE)
+# What the file shows that puts hooks on modules: hook registration and the tools that
+# work through hooks. Without any, `.forward()` and `__call__` compute the same thing.
+_HOOKS = re.compile(
+    r"register_\w*hook|register_parametrization|parametrizations\.|spectral_norm|weight_norm"
+    r"|prune\.|quant_noise|FullyShardedDataParallel|fully_shard|FSDP|checkpoint_wrapper|quantization\.prepare"
+    r"|prepare_qat|prepare_fx|\bhooks\b"
+)
 _EXPECTS_ERROR = re.compile(r"raises|assertRaises", re.IGNORECASE)
 # Libraries whose models also have a `.forward` (OpenCV DNN, TensorFlow, ONNX...):
 # a file that uses none of these torch-side roots and defines no module is skipped.
@@ -28,7 +35,13 @@ class DirectForwardCall(Rule):
     ## What it does
     Finds calls of `.forward(...)` on a module object from outside that module,
     such as `model.forward(x)`, `net.encoder.forward(x)` or
-    `ddp_model.module.forward(x)`.
+    `ddp_model.module.forward(x)`, in a file that shows hooks on modules: hooks
+    registered (`register_forward_hook`, `register_forward_pre_hook`, ...) or
+    tools that work through hooks (`spectral_norm`, `weight_norm`,
+    parametrizations, pruning, FSDP, quantization preparation, `quant_noise`).
+    Where the file shows no hook, `model.forward(x)` computes what `model(x)`
+    does and the rule stays quiet: a test calling `forward` on a model it just
+    built, a tutorial's plain network.
 
     It leaves alone the calls that must name `forward`: `super().forward(x)` and
     `Base.forward(self, x)` inside a subclass, `self.forward(...)` inside the
@@ -73,6 +86,7 @@ class DirectForwardCall(Rule):
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
         self._plain: set[str] | None = None
+        self._hooks: bool | None = None
 
     def visit_needles(self) -> tuple[str, ...]:
         return ("forward",)
@@ -87,6 +101,7 @@ class DirectForwardCall(Rule):
         receiver = func.value
         if (
             not self._torch_file()
+            or not self._hooks_in_file()
             or self._deliberate(receiver)
             or self._expects_error()
             or self._in_torchscript()
@@ -110,6 +125,12 @@ class DirectForwardCall(Rule):
         if roots & _TORCH_ROOTS:
             return True
         return any(name in self.ctx.project.module_classes for name in self.ctx.imports)
+
+    def _hooks_in_file(self) -> bool:
+        """The file registers hooks or uses a tool that works through them."""
+        if self._hooks is None:
+            self._hooks = _HOOKS.search(self.ctx.source) is not None
+        return self._hooks
 
     def _in_torchscript(self) -> bool:
         """TorchScript calls module interfaces through `.forward` by design."""

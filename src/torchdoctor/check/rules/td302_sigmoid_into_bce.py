@@ -4,34 +4,30 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._loss_inputs import BCE, BCE_LOGITS, SIGMOID, activation, loss_calls
+from torchdoctor.check.rules._loss_inputs import BCE_LOGITS, SIGMOID, activation, loss_calls
 
 
 class SigmoidIntoBce(Rule):
-    """`sigmoid` output fed to `BCELoss` (use `BCEWithLogitsLoss` on the logits).
+    """`sigmoid` output fed to `BCEWithLogitsLoss`: the sigmoid is applied twice.
 
     ## What it does
-    Finds `F.binary_cross_entropy` / `nn.BCELoss` calls whose input is a sigmoid
-    output -- directly, through a variable, or from a model whose `forward` ends in
-    `sigmoid` or whose last layer is `nn.Sigmoid` -- and
-    `F.binary_cross_entropy_with_logits` / `nn.BCEWithLogitsLoss` calls whose input
-    already went through a sigmoid.
+    Finds `F.binary_cross_entropy_with_logits` / `nn.BCEWithLogitsLoss` calls whose
+    input already went through a sigmoid -- directly, through a variable, or from a
+    model whose `forward` ends in `sigmoid` or whose last layer is `nn.Sigmoid`.
+
+    A sigmoid output fed to `BCELoss` (numerically weaker, but a correct loss) is
+    advice: TD304 says it, when advice is selected.
 
     ## Why is this bad?
-    `sigmoid` followed by `log` loses precision: in float32 `sigmoid(x)` is exactly
-    1.0 for x > 17 (float16: x > 8), so `log(1 - p)` is `log(0)`; `BCELoss` clamps it
-    to -100, and the gradient through the saturated sigmoid is zero -- confidently
-    wrong predictions stop learning. `BCEWithLogitsLoss` computes the same loss
-    from the logits with the log-sum-exp trick, exactly, and is also the only one of
-    the two allowed under `autocast` (`BCELoss` raises "unsafe to autocast").
-    Feeding a sigmoid output to `BCEWithLogitsLoss` applies the sigmoid twice: the
-    predicted probabilities are squeezed into (0.5, 0.73), so the model can never
-    predict the negative class.
+    `BCEWithLogitsLoss` applies the sigmoid itself. Feeding it a sigmoid output
+    applies the sigmoid twice: the predicted probabilities are squeezed into
+    (0.5, 0.73), so the model can never predict the negative class, and the loss
+    cannot go below 0.31 for a positive target or 0.69 for a negative one.
 
     ## Example
     ```python
     prob = torch.sigmoid(model(x))
-    loss = F.binary_cross_entropy(prob, y)
+    loss = F.binary_cross_entropy_with_logits(prob, y)
     ```
 
     ## Use instead
@@ -43,45 +39,28 @@ class SigmoidIntoBce(Rule):
 
     ## References
     - https://pytorch.org/docs/stable/generated/torch.nn.BCEWithLogitsLoss.html
-    - https://pytorch.org/docs/stable/amp.html#prefer-binary-cross-entropy-with-logits-over-binary-cross-entropy
     """
 
     code = "TD302"
     name = "sigmoid-into-bce"
     category = "loss"
     severity = Severity.WARNING
-    triggers: ClassVar[tuple[str, ...]] = (
-        "igmoid",
-        "BCELoss",
-        "BCEWithLogitsLoss",
-        "binary_cross_entropy",
-    )
+    triggers: ClassVar[tuple[str, ...]] = ("igmoid", "BCEWithLogitsLoss", "binary_cross_entropy")
 
     def finish(self) -> None:
         src = self.ctx.source
-        if not any(t in src for t in ("binary_cross_entropy", "BCELoss", "BCEWithLogitsLoss")):
+        if not any(t in src for t in ("binary_cross_entropy_with_logits", "BCEWithLogitsLoss")):
             return
         fl = analysis(self.ctx)
-        for fi, call, kind in loss_calls(self.ctx, frozenset({BCE, BCE_LOGITS})):
+        for fi, call, _ in loss_calls(self.ctx, frozenset({BCE_LOGITS})):
             if not call.args:
                 continue
             found = activation(fl, fi, call.args[0])
             if found is None or found[0] != SIGMOID:
                 continue
-            proof = found[1]
-            loss = self.ctx.segment(call.func)
-            if kind == BCE:
-                self.report(
-                    call,
-                    f"`{loss}` gets probabilities from {proof}: sigmoid then log loses "
-                    "precision and saturated predictions stop learning",
-                    hint="drop the sigmoid and use `BCEWithLogitsLoss` / "
-                    "`binary_cross_entropy_with_logits` on the logits",
-                )
-            else:
-                self.report(
-                    call,
-                    f"`{loss}` applies sigmoid itself, but its input already went through "
-                    f"{proof}: predictions are squeezed into (0.5, 0.73)",
-                    hint="pass the logits (the values before sigmoid)",
-                )
+            self.report(
+                call,
+                f"`{self.ctx.segment(call.func)}` applies sigmoid itself, but its input "
+                f"already went through {found[1]}: predictions are squeezed into (0.5, 0.73)",
+                hint="pass the logits (the values before sigmoid)",
+            )

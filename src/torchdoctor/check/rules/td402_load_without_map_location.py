@@ -1,13 +1,23 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.names import is_test_file
 from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
 
 _TORCH_LOAD = frozenset({"torch.load"})
+# Words of a file that may run on, or write from, an accelerator. A file with none of
+# them never touches a GPU: what it saves holds CPU tensors.
+_ACCELERATOR = re.compile(r"cuda|device|gpu|accel|\bmps\b|xla|\.to\(", re.IGNORECASE)
+# A temporary folder: fresh for each run, so what a test reads from it this run wrote.
+_TEMP = re.compile(r"\b(tmp_path\w*|tmpdir\w*|tempfile|TemporaryDirectory|mkdtemp|mktemp)\b")
+_TEMP_PARAMETERS = frozenset({"tmp_path", "tmpdir", "tmp_dir", "dirname", "temp_dir"})
+# Saves that put every tensor on the CPU first (FSDP's state-dict configs).
+_CPU_SAVES = re.compile(r"offload_to_cpu\s*=\s*True")
 
 
 class LoadWithoutMapLocation(Rule):
@@ -20,7 +30,11 @@ class LoadWithoutMapLocation(Rule):
     `torch.save`s to the same file or buffer earlier in the same function (the
     saving device is this machine's), and loads from in-memory `io.BytesIO`
     buffers, which hold bytes the program produced itself (pickling, RPC, archive
-    members) and whose devices it means to restore.
+    members) and whose devices it means to restore. So are loads of what holds no
+    GPU tensors, as the file shows: files this file saves on the CPU (FSDP's
+    `offload_to_cpu=True`, `torch.save(x.cpu(), path)` to the same file name, any
+    save to it in a file that never names an accelerator), NumPy arrays (the result
+    goes to `torch.from_numpy`) and a `GradScaler`'s state (floats and ints).
 
     ## Why is this bad?
     `torch.save` records the device of every tensor. Without `map_location`,
@@ -76,7 +90,13 @@ class LoadWithoutMapLocation(Rule):
         if len(node.args) >= 2 or any(kw.arg in ("map_location", None) for kw in node.keywords):
             return  # positional map_location, or **kwargs that may carry it
         source = node.args[0]
-        if self._in_memory(source) or self._saved_here(source):
+        if (
+            self._in_memory(source)
+            or self._saved_here(source)
+            or self._holds_no_device_tensors(node)
+            or self._saved_from_cpu(source)
+            or self._test_reads_its_temp_files()
+        ):
             return
         last = max(
             (*node.args, *node.keywords),
@@ -91,6 +111,88 @@ class LoadWithoutMapLocation(Rule):
             "`torch.load` without `map_location` restores tensors onto the device they "
             "were saved from; it fails on a machine without that GPU",
             fix=fix,
+        )
+
+    def _holds_no_device_tensors(self, load: ast.Call) -> bool:
+        """What is loaded holds no GPU tensors: NumPy arrays (`torch.from_numpy(x)` of
+        the loaded name) or a GradScaler's state (floats and ints)."""
+        parent = self.ctx.stack[-1] if self.ctx.stack else None
+        if (
+            isinstance(parent, ast.Call)
+            and isinstance(parent.func, ast.Attribute)
+            and parent.func.attr == "load_state_dict"
+            and "scaler" in self.ctx.segment(parent.func.value).lower()
+        ):
+            return True
+        if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1):
+            return False
+        target = parent.targets[0]
+        if not isinstance(target, ast.Name):
+            return False
+        name = re.escape(target.id)
+        scope = self._scope()
+        text = self.ctx.source if isinstance(scope, ast.Module) else self.ctx.segment(scope)
+        return re.search(rf"from_numpy\(\s*{name}\b", text) is not None
+
+    def _saved_from_cpu(self, source: ast.expr) -> bool:
+        """This file saves the tensors it reads back on the CPU: with FSDP's
+        `offload_to_cpu=True`, or `torch.save(x.cpu(), path)` to the same path (the
+        same expression, or the same file name), or any save to it, of what this file
+        makes, in a file that never names an accelerator (a CPU-only lesson, a dataset
+        caching what it read). A module's own state (`self.state_dict()`) or an object
+        handed in (a parameter) may be on a GPU that code elsewhere moved it to."""
+        if _CPU_SAVES.search(self.ctx.source):
+            return True
+        cpu_only = _ACCELERATOR.search(self.ctx.source) is None
+        names = _file_names(source) or {self.ctx.segment(source)}
+        outside = self._handed_in_saves() if cpu_only else set()
+        for sub in walk(self.ctx.tree):
+            if (
+                isinstance(sub, ast.Call)
+                and len(sub.args) >= 2
+                and self.ctx.call_name(sub) == "torch.save"
+                and (
+                    (cpu_only and id(sub) not in outside)
+                    or ".cpu()" in self.ctx.segment(sub.args[0])
+                )
+                and names & (_file_names(sub.args[1]) or {self.ctx.segment(sub.args[1])})
+            ):
+                return True
+        return False
+
+    def _handed_in_saves(self) -> set[int]:
+        """`torch.save` calls whose saved value is rooted at `self` or at a parameter of
+        the function that saves: state this file does not make."""
+        found: set[int] = set()
+        for function in walk(self.ctx.tree):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            params = {a.arg for a in (*function.args.posonlyargs, *function.args.args)}
+            params |= {a.arg for a in function.args.kwonlyargs}
+            for sub in walk(function):
+                if (
+                    isinstance(sub, ast.Call)
+                    and sub.args
+                    and self.ctx.call_name(sub) == "torch.save"
+                    and _root_name(sub.args[0]) in params | {"self"}
+                ):
+                    found.add(id(sub))
+        return found
+
+    def _test_reads_its_temp_files(self) -> bool:
+        """A test that works in a temporary folder (its own, or a fixture's of this file
+        that makes one): what it loads was written by this run, on this machine."""
+        function = self.ctx.enclosing_function()
+        if function is None or not is_test_file(self.ctx.path):
+            return False
+        params = {a.arg for a in (*function.args.posonlyargs, *function.args.args)}
+        if params & _TEMP_PARAMETERS or _TEMP.search(self.ctx.segment(function)):
+            return True
+        return any(
+            isinstance(sub, ast.FunctionDef)
+            and sub.name in params
+            and _TEMP.search(self.ctx.segment(sub)) is not None
+            for sub in self.ctx.tree.body
         )
 
     def _scope(self) -> ast.AST:
@@ -139,6 +241,23 @@ class LoadWithoutMapLocation(Rule):
             ):
                 return True
         return False
+
+
+def _root_name(node: ast.expr) -> str:
+    """`self` for `self.model.state_dict()`, `obj` for `obj`."""
+    while isinstance(node, ast.Attribute | ast.Call | ast.Subscript):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _file_names(path: ast.expr) -> set[str]:
+    """The file names written in a path expression: `"trainfeat.pth"` in
+    `os.path.join(out, "trainfeat.pth")`."""
+    return {
+        n.value.rsplit("/", 1)[-1]
+        for n in ast.walk(path)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and "." in n.value
+    }
 
 
 def _is_bytes_io(name: str | None) -> bool:

@@ -25,6 +25,9 @@ class LoadUnsafe(Rule):
     PyTorch 2.6 `weights_only=True` is the default for exactly this reason;
     passing `False` switches the protection off.
 
+    `weights_only=False` is written on purpose, usually for the program's own
+    files, so this is advice: off by default, on with `--extend-select advice`.
+
     ## Example
     ```python
     checkpoint = torch.load("checkpoint.pt", weights_only=False)
@@ -50,6 +53,7 @@ class LoadUnsafe(Rule):
     code = "TD403"
     name = "load-unsafe"
     category = "checkpoint"
+    group = "advice"
     severity = Severity.WARNING
     triggers: ClassVar[tuple[str, ...]] = ("weights_only",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call,)

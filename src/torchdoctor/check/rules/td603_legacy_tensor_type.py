@@ -4,6 +4,8 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.values import Place
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 
@@ -133,8 +135,18 @@ class LegacyTensorType(Rule):
             return
         if isinstance(func, ast.Attribute) and func.attr == "type" and len(node.args) == 1:
             target = self._legacy_reference(node.args[0])
-            if target is not None and not self._expects_error():
-                self.report(node, self._type_message(target))
+            if target is None or self._expects_error():
+                return
+            if ".cuda." not in target and not self._on_device(func.value):
+                return  # a CPU type on a tensor not shown on a GPU: only the dtype changes
+            self.report(node, self._type_message(target))
+
+    def _on_device(self, receiver: ast.expr) -> bool:
+        """The scope analysis shows `receiver` on the accelerator (moved there, or made
+        from a batch or module that is)."""
+        scope_node = self.ctx.enclosing_function() or self.ctx.tree
+        scope = file_flow(self.ctx).scope(scope_node, callers=False)
+        return scope.value(receiver).place is Place.DEVICE
 
     def _device_chosen(self) -> bool:
         """Inside `if self.cuda:` / `if x.is_cuda` / a GPU-named function, or code that
