@@ -69,8 +69,11 @@ def tree_files(git_dir: Path, commit: str, suffixes: tuple[str, ...]) -> list[tu
     return files
 
 
-def blobs(git_dir: Path, ids: list[str]) -> list[bytes]:
-    """The contents of many blobs through one `git cat-file --batch` process."""
+def blobs(git_dir: Path, ids: list[str]) -> list[bytes | None]:
+    """The contents of many blobs through one `git cat-file --batch` process.
+
+    None for a blob the mirror lacks (snapshots leave out files of 4 MiB and more).
+    """
     request = "".join(f"{blob}\n" for blob in ids).encode()
     done = subprocess.run(
         ["git", "--git-dir", str(git_dir), "cat-file", "--batch"],
@@ -78,10 +81,16 @@ def blobs(git_dir: Path, ids: list[str]) -> list[bytes]:
         capture_output=True,
         check=True,
     )
-    out, pos, contents = done.stdout, 0, []
+    out, pos = done.stdout, 0
+    contents: list[bytes | None] = []
     for _ in ids:
         header_end = out.index(b"\n", pos)
-        size = int(out[pos:header_end].split()[2])
+        header = out[pos:header_end].split()
+        if header[-1] == b"missing":
+            contents.append(None)
+            pos = header_end + 1
+            continue
+        size = int(header[2])
         contents.append(out[header_end + 1 : header_end + 1 + size])
         pos = header_end + 1 + size + 1  # the content is followed by a newline
     return contents
