@@ -193,7 +193,7 @@ def report(done: list[Project], judged: dict[Finding, dict[str, Any]], stale: in
         lambda k: _share(count(k, "worth-fixing"), sum(count(k, v) for v in _verdicts.VERDICTS)),
     )
     rows += ["", *_breakdown(findings, judged, "code", "rule"), ""]
-    rows += [*_breakdown(findings, judged, "repo", "repository", [p.repo for p in done]), ""]
+    rows += [*_breakdown(findings, judged, "repo", "repository", tuple(p.repo for p in done)), ""]
     pending = [f for f in findings if f not in judged]
     if stale:
         rows += [f"{stale} verdicts match no finding any more (the rule changed); kept.", ""]
@@ -216,7 +216,7 @@ def _breakdown(
     judged: dict[Finding, dict[str, Any]],
     attr: str,
     title: str,
-    names: list[str] = (),  # type: ignore[assignment]
+    names: tuple[str, ...] = (),
 ) -> list[str]:
     table: dict[str, collections.Counter[str]] = {name: collections.Counter() for name in names}
     table = collections.defaultdict(collections.Counter, table)
