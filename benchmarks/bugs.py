@@ -7,7 +7,8 @@
 
 merge    validates the collectors' records (DIR/*.jsonl, default /work/bugs-staging) and
          merges them into benchmarks/bugs.jsonl (one record per id, sorted; a newer record
-         of an id replaces the older) and benchmarks/bugs-skipped.jsonl.
+         of an id replaces the older) and benchmarks/bugs-skipped.jsonl; the collectors'
+         procedure files (DIR/*-procedure.md) go into benchmarks/bugs-procedure.md.
 rebuild  writes each item's files, taken at its parent commit from the fetched mirror
          (MIRRORS/owner+name/repo), into benchmarks/.work/bugs/<id>/<path>; lists the
          repositories still to fetch; refuses an item whose labelled line no longer matches
@@ -37,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings, run as a s
 import _labels
 import _mirror
 import _recall
-from _readme import write_section
+from _readme import atomic_write, write_section
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -45,6 +46,12 @@ OUT = HERE / ".work" / "bugs"
 STAGING = Path("/work/bugs-staging")
 TORCHFIX = HERE / ".venv" / "bin" / "torchfix"
 REPORT = HERE / ".work" / "bugs-recall.json"
+PROCEDURE = HERE / "bugs-procedure.md"
+PROCEDURE_HEAD = (
+    "# How the real bugs were collected\n\n"
+    "The procedure each collector wrote down before collecting (issue 16), copied by "
+    "`benchmarks/bugs.py merge` from the staging folder. Summary: benchmarks/README.md.\n"
+)
 
 
 # --------------------------------------------------------------------------- merge
@@ -85,6 +92,10 @@ def merge(staging: Path, bugs: Path = _labels.BUGS, skipped: Path = _labels.SKIP
             seen.add(key)
             skips.append(row)
     _labels.write_jsonl(skipped, skips)
+    procedures = sorted(staging.glob("*-procedure.md"))
+    if procedures:  # the collectors' own words, kept beside the labels they produced
+        parts = [p.read_text(encoding="utf-8").strip() + "\n" for p in procedures]
+        atomic_write(PROCEDURE, PROCEDURE_HEAD + "\n" + "\n".join(parts))
     repos = {r["repo"].lower() for r in merged.values()}
     print(
         f"{len(merged)} bugs from {len(repos)} repositories in {_rel(bugs)}; "
