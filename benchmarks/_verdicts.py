@@ -10,7 +10,8 @@ One JSON object a line, sorted by repo, file, line, code:
 A finding takes the verdict with the same repo, file, code and line hash, so a verdict
 survives lines moving up or down; when several findings share that key (the same text
 flagged twice), they are paired with the verdicts in line order. `cell` (the notebook
-cell, 1-based) is added for findings in notebooks, whose `line` is the line in the cell.
+cell, 1-based) is added for findings in notebooks, whose `line` is the line in the cell;
+`column` (1-based) tells apart two findings of one rule on one line.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Finding:
     hash: str
     cell: int | None = None
     message: str = ""
+    column: int = 0  # tells apart two findings of one rule on one line
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -80,8 +82,9 @@ def problems(record: Any) -> list[str]:
     return found
 
 
-def sort_key(record: dict[str, Any]) -> tuple[str, str, int, int, str]:
-    return (record["repo"], record["file"], record.get("cell") or 0, record["line"], record["code"])
+def sort_key(record: dict[str, Any]) -> tuple[str, str, int, int, int, str]:
+    where = (record.get("cell") or 0, record["line"], record.get("column") or 0)
+    return (record["repo"], record["file"], *where, record["code"])
 
 
 def match(
@@ -96,8 +99,8 @@ def match(
         groups[finding.key].append(finding)
     judged: dict[Finding, dict[str, Any]] = {}
     for key, group in groups.items():
-        candidates = sorted(by_key.pop(key, []), key=lambda v: (v.get("cell") or 0, v["line"]))
-        ordered = sorted(group, key=lambda f: (f.cell or 0, f.line))
+        candidates = sorted(by_key.pop(key, []), key=lambda v: sort_key(v)[2:5])
+        ordered = sorted(group, key=lambda f: (f.cell or 0, f.line, f.column))
         for finding, verdict in zip(ordered, candidates, strict=False):
             judged[finding] = verdict
         by_key[key] = candidates[len(ordered) :]
@@ -110,5 +113,7 @@ def template(finding: Finding) -> str:
     record: dict[str, Any] = {"repo": finding.repo, "file": finding.file, "line": finding.line}
     if finding.cell is not None:
         record["cell"] = finding.cell
+    if finding.column:
+        record["column"] = finding.column
     record |= {"code": finding.code, "hash": finding.hash, "verdict": "?", "reason": ""}
     return json.dumps(record)

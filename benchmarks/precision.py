@@ -124,6 +124,7 @@ def check(project: Project) -> None:
                 _verdicts.line_hash(text),
                 cell,
                 f["message"],
+                f.get("column") or 0,
             )
         )
 

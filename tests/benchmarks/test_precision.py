@@ -92,6 +92,19 @@ def test_findings_on_the_same_text_take_their_verdicts_in_line_order() -> None:
     assert third not in judged and not stale
 
 
+def test_two_findings_of_one_rule_on_one_line_need_two_verdicts() -> None:
+    text = "a, b = Variable(a), Variable(b)"
+    left = Finding("octo/demo", "train.py", 4, "TD602", _verdicts.line_hash(text), column=8)
+    right = Finding("octo/demo", "train.py", 4, "TD602", _verdicts.line_hash(text), column=21)
+    one = {**_verdict(4, text, "worth-fixing", code="TD602"), "column": 8}
+    judged, _ = _verdicts.match([right, left], [one])
+    assert list(judged) == [left]  # the second finding is still to judge
+    two = {**one, "column": 21}
+    judged, stale = _verdicts.match([right, left], [two, one])
+    assert set(judged) == {left, right} and not stale
+    assert json.loads(_verdicts.template(right))["column"] == 21
+
+
 def test_a_template_is_not_a_verdict_until_it_is_filled_in() -> None:
     template = json.loads(_verdicts.template(_finding(3, "torch.load(p)")))
     assert "verdict '?' is not one of" in " ".join(_verdicts.problems(template))
