@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import datetime
 import json
 import re
@@ -269,34 +270,39 @@ def hand_reasons(path: Path = _labels.MISSES) -> dict[str, str]:
     return reasons
 
 
+def score_item(
+    record: dict[str, Any], out: Path, use_torchfix: bool, codes: frozenset[str]
+) -> _recall.Outcome:
+    folder = out / record["id"]
+    outcome = _recall.Outcome(
+        record["id"],
+        record["category"],
+        _recall.item_family(record),
+        list(record["rules"]),
+        _recall.NOT_BUILT,
+    )
+    if not folder.is_dir():
+        return outcome
+    spans = _recall.labelled_spans(folder, record)
+    found = torchdoctor_findings(folder)
+    outcome.status, outcome.reason = _recall.score(record, found, spans, codes)
+    if use_torchfix:
+        # TorchFix reads .py files only: on a notebook it finds nothing
+        paths = [e["path"] for e in record["files"] if e["path"].endswith(".py")]
+        found = torchfix_findings(folder, paths) if paths else []
+        theirs = [f for f in found if _recall.at_label(f, spans)]
+        outcome.torchfix = bool(theirs)
+        outcome.torchfix_codes = sorted({f.code for f in theirs})
+    return outcome
+
+
 def score_all(
-    records: list[dict[str, Any]], out: Path, use_torchfix: bool
+    records: list[dict[str, Any]], out: Path, use_torchfix: bool, jobs: int = 2
 ) -> list[_recall.Outcome]:
+    """Every item scored; `jobs` items at a time (each item is its own processes)."""
     codes = static_codes()
-    outcomes = []
-    for record in records:
-        folder = out / record["id"]
-        outcome = _recall.Outcome(
-            record["id"],
-            record["category"],
-            _recall.item_family(record),
-            list(record["rules"]),
-            _recall.NOT_BUILT,
-        )
-        outcomes.append(outcome)
-        if not folder.is_dir():
-            continue
-        spans = _recall.labelled_spans(folder, record)
-        found = torchdoctor_findings(folder)
-        outcome.status, outcome.reason = _recall.score(record, found, spans, codes)
-        if use_torchfix:
-            # TorchFix reads .py files only: on a notebook it finds nothing
-            paths = [e["path"] for e in record["files"] if e["path"].endswith(".py")]
-            found = torchfix_findings(folder, paths) if paths else []
-            theirs = [f for f in found if _recall.at_label(f, spans)]
-            outcome.torchfix = bool(theirs)
-            outcome.torchfix_codes = sorted({f.code for f in theirs})
-    return outcomes
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda r: score_item(r, out, use_torchfix, codes), records))
 
 
 def report(outcomes: list[_recall.Outcome], torchfix_note: str) -> str:
