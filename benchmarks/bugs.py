@@ -27,11 +27,13 @@ import argparse
 import collections
 import concurrent.futures
 import datetime
+import hashlib
 import json
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ OUT = HERE / ".work" / "bugs"
 STAGING = Path("/work/bugs-staging")
 TORCHFIX = HERE / ".venv" / "bin" / "torchfix"
 REPORT = HERE / ".work" / "bugs-recall.json"
+CACHE = HERE / ".work" / "bugs-recall-cache.json"  # outcomes per item, reused while unchanged
 PROCEDURE = HERE / "bugs-procedure.md"
 PROCEDURE_HEAD = (
     "# How the real bugs were collected\n\n"
@@ -296,13 +299,60 @@ def score_item(
     return outcome
 
 
+def checker_fingerprint() -> str | None:
+    """The committed tree of src/ (None when src/ has uncommitted changes: no caching)."""
+    clean = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "src"], cwd=ROOT)
+    tree = subprocess.run(
+        ["git", "rev-parse", "HEAD:src"], cwd=ROOT, capture_output=True, text=True
+    )
+    return tree.stdout.strip() if clean.returncode == 0 and tree.returncode == 0 else None
+
+
 def score_all(
-    records: list[dict[str, Any]], out: Path, use_torchfix: bool, jobs: int = 2
+    records: list[dict[str, Any]],
+    out: Path,
+    use_torchfix: bool,
+    jobs: int = 2,
+    cache: Path | None = None,
 ) -> list[_recall.Outcome]:
-    """Every item scored; `jobs` items at a time (each item is its own processes)."""
+    """Every item scored; `jobs` items at a time (each item is its own processes).
+
+    With `cache`, an item whose record, rebuilt files and checker (the committed src/
+    tree) are unchanged since the last run keeps its outcome instead of being re-run.
+    """
     codes = static_codes()
+    fingerprint = checker_fingerprint() if cache is not None else None
+    known: dict[str, Any] = {}
+    if cache is not None and fingerprint and cache.exists():
+        known = json.loads(cache.read_text(encoding="utf-8"))
+
+    def key(record: dict[str, Any]) -> str:
+        folder = out / record["id"]
+        files = sorted(p.read_bytes() for p in folder.rglob("*") if p.is_file())
+        blob = json.dumps([record, fingerprint, use_torchfix], sort_keys=True).encode()
+        return hashlib.sha1(blob + b"".join(files)).hexdigest()
+
+    fresh: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def one(record: dict[str, Any]) -> _recall.Outcome:
+        if not (out / record["id"]).is_dir():
+            return score_item(record, out, use_torchfix, codes)
+        item_key = key(record)
+        entry = known.get(record["id"])
+        if fingerprint and entry and entry["key"] == item_key:
+            outcome = _recall.Outcome(**entry["outcome"])
+        else:
+            outcome = score_item(record, out, use_torchfix, codes)
+        if cache is not None and fingerprint:
+            with lock:  # saved as it goes: a stopped run keeps what it measured
+                fresh[record["id"]] = {"key": item_key, "outcome": outcome.__dict__}
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(cache, json.dumps({**known, **fresh}))
+        return outcome
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda r: score_item(r, out, use_torchfix, codes), records))
+        return list(pool.map(one, records))
 
 
 def report(outcomes: list[_recall.Outcome], torchfix_note: str) -> str:
@@ -343,7 +393,7 @@ def recall(out: Path, write: bool, use_torchfix: bool) -> int:
     elif not use_torchfix:
         note = "TorchFix: not run (--no-torchfix)."
     try:
-        outcomes = score_all(records, out, use_torchfix)
+        outcomes = score_all(records, out, use_torchfix, cache=CACHE)
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"bugs recall: {exc}", file=sys.stderr)
         return 1

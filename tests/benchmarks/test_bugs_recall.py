@@ -211,3 +211,26 @@ def test_the_tables_count_each_outcome_once_per_group() -> None:
     listed = _recall.misses(outcomes, {"b": "the loop is in another file"})
     assert len(listed) == 2 and listed[0].startswith("- `b` (hardcoded-cuda, wants TD101): missed")
     assert listed[0].endswith("Analysis: the loop is in another file")
+
+
+def test_recall_reuses_an_unchanged_item_and_rescores_a_changed_one(
+    mirrors: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, cache = tmp_path / "out", tmp_path / "cache.json"
+    record = _record(mirrors, 6, ["TD101"])
+    assert bugs.rebuild(mirrors, out, _write(tmp_path / "b.jsonl", [record])) == 0
+    monkeypatch.setattr(bugs, "checker_fingerprint", lambda: "tree-of-src")
+    first = bugs.score_all([record], out, use_torchfix=False, cache=cache)
+    assert first[0].status == _recall.RIGHT
+
+    def no_check(folder: Path) -> list[_recall.Finding]:
+        raise AssertionError("an unchanged item was checked again")
+
+    monkeypatch.setattr(bugs, "torchdoctor_findings", no_check)
+    again = bugs.score_all([record], out, use_torchfix=False, cache=cache)
+    assert again[0] == first[0]
+    source = out / record["id"] / "src" / "train.py"
+    source.write_text(source.read_text() + "\n# changed\n")
+    monkeypatch.setattr(bugs, "torchdoctor_findings", lambda folder: [])
+    changed = bugs.score_all([record], out, use_torchfix=False, cache=cache)
+    assert changed[0].status == _recall.MISSED  # checked again: the stub finds nothing
