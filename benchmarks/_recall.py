@@ -182,6 +182,18 @@ def table(outcomes: list[Outcome], key: str, title: str) -> list[str]:
     return rows
 
 
+def existing_rule_line(outcomes: list[Outcome], static_codes: frozenset[str]) -> str:
+    """Recall over the items a rule of today could catch (its label names one)."""
+    built = [o for o in outcomes if o.status != NOT_BUILT]
+    ruled = [o for o in built if set(o.rules) & static_codes]
+    right = sum(1 for o in ruled if o.status == RIGHT)
+    return (
+        f"Of the {len(built)} items, {len(ruled)} name a rule that exists today (the others "
+        "name a rule reserved for later or none); the right rule flags "
+        f"{_percent(right, len(ruled))} of those {len(ruled)}."
+    )
+
+
 def misses(outcomes: list[Outcome], hand: dict[str, str]) -> list[str]:
     """One Markdown list line per item not flagged by its right rule."""
     lines = []

@@ -372,6 +372,8 @@ def report(outcomes: list[_recall.Outcome], torchfix_note: str) -> str:
         + "torchdoctor: default rules, `check --isolated --no-cache`, each item folder "
         f"checked as one project. {torchfix_note}",
         "",
+        _recall.existing_rule_line(outcomes, static_codes()),
+        "",
         *_recall.table(outcomes, "family", "rule family (of the label's first rule)"),
         "",
         *_recall.table(outcomes, "category", "category"),

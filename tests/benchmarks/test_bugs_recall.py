@@ -208,6 +208,9 @@ def test_the_tables_count_each_outcome_once_per_group() -> None:
     assert "| TD1xx device | 2 | 1 (50%) | 0 (0%) | 1 (50%) | 1 (50%) | 1 (50%) |" in rows
     assert "| TD2xx training loop | 1 | 0 (0%) | 1 (100%) | 0 (0%) | 0 (0%) | 1 (100%) |" in rows
     assert "| **all** | 3 | 1 (33%) | 1 (33%) | 1 (33%) | 1 (33%) | 2 (67%) |" in rows
+    line = _recall.existing_rule_line(outcomes, frozenset({"TD101"}))
+    assert "3 items, 2 name a rule that exists today" in line
+    assert "flags 1 (50%) of those 2" in line
     listed = _recall.misses(outcomes, {"b": "the loop is in another file"})
     assert len(listed) == 2 and listed[0].startswith("- `b` (hardcoded-cuda, wants TD101): missed")
     assert listed[0].endswith("Analysis: the loop is in another file")
