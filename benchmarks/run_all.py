@@ -14,6 +14,8 @@
 5. times the check against its peers on growing subsets of the torch tree and plots it
    (benchmarks/check_scaling.png);
 6. measures the check's peak memory per byte of source on big generated files.
+7. recreates the clean corpus from git mirrors (corpus.py), measures recall on the real-bug
+   corpus against TorchFix (bugs.py) and the strict precision review (precision.py).
 
 Each script writes its own section of the README (between `<!-- begin: NAME -->` and
 `<!-- end: NAME -->` markers, see _readme.py); scripts that only print get their output
@@ -21,7 +23,7 @@ recorded by this runner. Everything else in the README - the hand-judged precisi
 sections of the rule authors in particular - is kept verbatim. A step that fails is
 reported in the header and the run goes on. Steps (for --only/--skip), in order:
 to_device, guard, nonfinite, simulate, check, scaling, memory, device_rules, training_rules,
-rules, explain.
+corpus, rules, bugs, precision, explain.
 """
 
 from __future__ import annotations
@@ -459,15 +461,16 @@ def rules_report(
         f"The projects folder ({corpus_dir}, `--corpus DIR` to change it) is not part of the "
         "repository. It holds one folder per GitHub repository, named `owner+name`, with the "
         "repository's `.py` and `.ipynb` files at the commits listed in "
-        "`benchmarks/corpus.txt`. To recreate it:",
+        "`benchmarks/corpus.txt` (tests included). `make bench` recreates it (step `corpus`) "
+        "from git mirrors of those repositories, never from the network:",
         "",
         "```sh",
-        "grep -v '^#' benchmarks/corpus.txt | while read repo commit; do",
-        '  dir="/work/corpus/${repo/\\//+}"',
-        '  git clone -q "https://github.com/$repo" "$dir" && git -C "$dir" checkout -q "$commit"',
-        "  find \"$dir\" -type f ! -name '*.py' ! -name '*.ipynb' -delete; rm -rf \"$dir/.git\"",
-        "done",
+        ".venv/bin/python benchmarks/corpus.py rebuild   # reads /work/.mirror/owner+name/repo",
         "```",
+        "",
+        "It lists the repositories whose mirror is missing: fetch each with the search tool's "
+        "`fetch` (which puts it at `/work/.mirror/owner+name/repo`), or place any `git clone "
+        "--mirror` there, then run it again.",
     ]
     return "\n".join(out)
 
@@ -570,10 +573,13 @@ STEPS = (
     "memory",
     "device_rules",
     "training_rules",
+    "corpus",
     "rules",
+    "bugs",
+    "precision",
     "explain",
 )
-PEER_STEPS = ("to_device", "scaling")  # need benchmarks/.venv
+PEER_STEPS = ("to_device", "scaling")  # need benchmarks/.venv (bugs runs without TorchFix)
 
 
 def commands(args: argparse.Namespace, check_writes: bool) -> dict[str, list[str]]:
@@ -613,6 +619,12 @@ def commands(args: argparse.Namespace, check_writes: bool) -> dict[str, list[str
         "scaling": [
             peer, f"{here}/bench_check_scaling.py", "--write", "--tree", str(torch_tree()),
             "--runs", runs, *fractions,
+        ],
+        # the clean corpus and the real-bug corpus, recreated from fetched git mirrors
+        "corpus": [PYTHON, f"{here}/corpus.py", "rebuild", "--into", str(args.corpus)],
+        "bugs": [PYTHON, f"{here}/bugs.py", "bench"],
+        "precision": [
+            PYTHON, f"{here}/precision.py", "run", "--write", "--corpus", str(args.corpus)
         ],
     }  # fmt: skip
 

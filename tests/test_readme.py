@@ -83,6 +83,8 @@ class Command:
     argv: str  # the shell command, comments removed
     shown: list[str]  # the output lines the README shows under it
     block: Block
+    status_shown: bool = False  # a `$ echo $?` follows it
+    status: int | None = None  # the exit status that `echo $?` shows
 
 
 def console_commands() -> list[Command]:
@@ -93,9 +95,9 @@ def console_commands() -> list[Command]:
         current: Command | None = None
         for raw in block.body.splitlines():
             if raw.startswith("$ ") and raw[2:].strip() == "echo $?" and current is not None:
-                # the exit status of the command before, run in the same shell
-                current = Command(f"{current.argv}; echo $?", [], block)
-                commands.append(current)
+                current.status_shown = True  # the next line shown is the status before
+            elif current is not None and current.status_shown and current.status is None:
+                current.status = int(raw.strip())
             elif raw.startswith("$ "):
                 current = Command(_strip_comment(raw[2:]), [], block)
                 commands.append(current)
@@ -244,6 +246,8 @@ def test_every_console_command_runs_and_shows_what_the_readme_says(
     result = _run(argv, cwd)
     output = result.stdout + result.stderr
     assert result.returncode != 2, f"usage or configuration error:\n{output}"
+    if command.status is not None:
+        assert result.returncode == command.status, output
     shows_traceback = any("Traceback" in line for line in command.shown) or "explain" in argv
     assert "Traceback (most recent call last)" not in output or shows_traceback, output
     if command.shown:

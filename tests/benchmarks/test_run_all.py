@@ -31,7 +31,7 @@ def test_rules_report_says_when_the_projects_are_missing(tmp_path: Path) -> None
     assert "| TD101 | hardcoded-cuda | 2 | 0 | 2 |" in text  # torch, stdlib, total
     # TD001 is an engine code: counted in its own column, not as a finding
     assert "| torch | 10 | 20,000 | 2 | 1.00 | 1 | 0 | 1 |" in text
-    assert "git clone" in text and "benchmarks/corpus.txt" in text
+    assert "benchmarks/corpus.py rebuild" in text and "benchmarks/corpus.txt" in text
 
 
 def test_rules_report_lists_every_project_with_its_commit(tmp_path: Path) -> None:
