@@ -15,14 +15,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchdoctor.check.engine import FileResult
+from torchdoctor.check.engine import NOQA_COMMENT, FileResult
 from torchdoctor.check.fix import atomic_write, encode_like
 from torchdoctor.check.notebook import NotebookError, write_notebook
 from torchdoctor.check.rule import Finding
 
 # Python's tokenizer ends lines at \r\n, \r and \n, and nothing else.
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)?")
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
 _ENGINE_CODES = ("TD001", "TD900")  # cannot be silenced: the file was not (fully) checked
 
 
@@ -36,7 +35,7 @@ class Added:
 def _target_line(finding: Finding, lines: list[str]) -> int:
     """A line where a `noqa` silences the finding and a comment can end the line."""
     for number in finding.noqa_lines:  # a noqa list already there takes the code
-        if 0 < number <= len(lines) and _NOQA.search(lines[number - 1]):
+        if 0 < number <= len(lines) and NOQA_COMMENT.search(lines[number - 1]):
             return number
     if finding.noqa_lines and finding.noqa_lines[-1] != finding.line:
         # a statement over several lines: its last line ends outside any string
@@ -60,7 +59,7 @@ def with_noqa(source: str, findings: Iterable[Finding]) -> tuple[str, int]:
         line = lines[number - 1]
         body = line.rstrip("\r\n")
         ending = line[len(body) :]
-        match = _NOQA.search(body)
+        match = NOQA_COMMENT.search(body)
         if match is not None and not match.group("codes"):
             continue  # a bare noqa comment silences every code already
         if match is not None:

@@ -42,7 +42,9 @@ __all__ = [
 ]
 
 # Suppression comments, flake8 style: "noqa" alone or "noqa: TD101, TD204" (other codes ignored)
-_NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
+NOQA_COMMENT = re.compile(
+    r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I
+)
 _FILE_NOQA = re.compile(
     r"^\s*#\s*torchdoctor:\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?\s*$",
     re.I | re.M,
@@ -291,7 +293,7 @@ def noqa_map(source: str) -> dict[int, frozenset[str] | None]:
     for lineno, line in enumerate(split_lines(source), start=1):
         if "#" not in line:
             continue
-        match = _NOQA.search(line)
+        match = NOQA_COMMENT.search(line)
         if match:
             codes = match.group("codes")
             result[lineno] = (

@@ -11,21 +11,17 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchdoctor.catalog import catalog
 from torchdoctor.check.config import Settings, find_config, load_settings
-from torchdoctor.check.engine import FileResult, RunOptions
+from torchdoctor.check.engine import NOQA_COMMENT, FileResult, RunOptions
+from torchdoctor.check.lines import line_starts, split_lines
 from torchdoctor.check.notebook import cell_codes
 from torchdoctor.check.rule import Finding, FixAvailability
 from torchdoctor.check.runner import run_check
 from torchdoctor.errors import TorchDoctorError
-
-# Python's tokenizer ends a line at \r\n, \r or \n, and so does the Language Server Protocol.
-_LINE_END = re.compile(r"\r\n|\r|\n")
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*))?", re.I)
 
 
 @dataclass(frozen=True)
@@ -179,10 +175,8 @@ class _PartMapper:
     def __init__(self, result: FileResult) -> None:
         assert result.source is not None
         self.result = result
-        self.lines = _LINE_END.split(result.source)
-        self.starts = [0]
-        for match in _LINE_END.finditer(result.source):
-            self.starts.append(match.end())
+        self.lines = split_lines(result.source)
+        self.starts = line_starts(result.source, self.lines)
 
     def _part_line(self, line: int) -> tuple[int, int]:
         """1-based checked line -> (part, 0-based line in the part)."""
@@ -233,7 +227,7 @@ class _PartMapper:
             line = finding.noqa_lines[-1]
         part, part_line = self._part_line(line)
         text = self.lines[line - 1]
-        match = _NOQA.search(text)
+        match = NOQA_COMMENT.search(text)
         if match is not None and match.group("codes"):
             at = match.end("codes")
             place = Span(part, part_line, at, part_line, at)
