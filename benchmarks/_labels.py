@@ -77,6 +77,11 @@ _REQUIRED: dict[str, type] = {
     "found_by": str,
     "collector": str,
 }
+# fields a record may carry; a second, blind review of the labels (issue 16) adds the last two
+_OPTIONAL: dict[str, type] = {"notes": str, "reviewed_by": str, "review_doubt": str}
+# why a reviewer doubts that a record is a real PyTorch bug: "<kind>: <reason>"
+DOUBTS = ("not-a-bug", "not-pytorch", "unconfirmed")
+REVIEW_LOG = HERE / "bugs-review.tsv"
 
 
 NO_RULE = "no rule named"  # the family of a bug no existing or reserved rule covers
@@ -145,8 +150,14 @@ def problems(
             found.append(f"missing field {name!r}")
         elif not isinstance(record[name], kind):
             found.append(f"{name!r} is {type(record[name]).__name__}, not {kind.__name__}")
+    for name, kind in _OPTIONAL.items():
+        if name in record and not isinstance(record[name], kind):
+            found.append(f"{name!r} is {type(record[name]).__name__}, not {kind.__name__}")
     if found:
         return found
+    doubt = record.get("review_doubt")
+    if doubt is not None and doubt.split(":", 1)[0] not in DOUBTS:
+        found.append(f"review_doubt {doubt!r} does not start with one of {', '.join(DOUBTS)}")
     repo = record["repo"]
     if not _REPO.fullmatch(repo):
         found.append(f"repo {repo!r} is not owner/name")

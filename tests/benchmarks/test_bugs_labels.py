@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import csv
+import json
 import re
 import sys
 from pathlib import Path
@@ -71,6 +73,40 @@ def test_goal_of_issue_16_at_least_100_bugs_from_at_least_50_repositories() -> N
     )
 
 
+def _review_rows() -> list[dict[str, str]]:
+    with _labels.REVIEW_LOG.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle, delimiter="\t"))
+
+
+def test_every_record_was_reviewed_and_the_review_log_accounts_for_it() -> None:
+    rows = _review_rows()
+    assert rows and list(rows[0]) == ["id", "field", "old", "new", "reason"]
+    by_id: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        by_id.setdefault(row["id"], []).append(row)
+    assert sorted(by_id) == sorted(r["id"] for r in RECORDS)
+    for record in RECORDS:
+        assert record.get("reviewed_by"), record["id"]
+        fields = [row["field"] for row in by_id[record["id"]]]
+        assert set(fields) <= {"ok", "note", "rules", "category", "files", "review_doubt"}
+        # a record is either kept as it was ("ok") or every change is logged, not both
+        assert (fields == ["ok"]) or ("ok" not in fields and fields != ["note"]), record["id"]
+
+
+def test_each_logged_change_is_what_the_record_holds_now() -> None:
+    records = {r["id"]: r for r in RECORDS}
+    for row in _review_rows():
+        record = records[row["id"]]
+        assert row["reason"].strip(), row
+        if row["field"] in ("rules", "files"):
+            assert json.loads(row["new"]) == record[row["field"]], row
+            assert json.loads(row["old"]) != record[row["field"]], row
+        elif row["field"] == "category":
+            assert row["new"] == record["category"] != row["old"], row
+        elif row["field"] == "review_doubt":
+            assert record["review_doubt"] == f"{row['new']}: {row['reason']}", row
+
+
 # ---------------------------------------------------------------- the checker itself
 
 
@@ -117,6 +153,10 @@ def _broken(change: str) -> dict[str, Any]:
         record["files"][0]["lines"] = []
     elif change == "rules not a list":
         record["rules"] = "TD112"
+    elif change == "reviewer not a string":
+        record["reviewed_by"] = 5
+    elif change == "unknown doubt":
+        record["review_doubt"] = "boring: nothing"
     return record
 
 
@@ -132,11 +172,15 @@ BROKEN = {
     "escaping path": "plain relative path",
     "nothing labelled": "no labelled line",
     "rules not a list": "'rules' is str",
+    "reviewer not a string": "'reviewed_by' is int",
+    "unknown doubt": "review_doubt 'boring: nothing'",
 }
 
 
 def test_a_good_record_has_no_problem_and_reserved_codes_are_allowed() -> None:
     assert _labels.problems(GOOD, KNOWN) == []
+    reviewed = {**GOOD, "reviewed_by": "labels", "review_doubt": "not-pytorch: a Python typo"}
+    assert _labels.problems(reviewed, KNOWN) == []
     reserved_rule = {**GOOD, "rules": ["TD406"]}
     assert _labels.problems(reserved_rule, KNOWN) == []
 
