@@ -43,6 +43,7 @@ class Outcome:
     reason: str = ""
     torchfix: bool | None = None  # None: TorchFix did not run on this item
     torchfix_codes: list[str] = field(default_factory=list)
+    doubted: bool = False  # the label review doubts the record (its `review_doubt`)
 
 
 def statement_span(source: str, line: int) -> tuple[int, int]:
@@ -187,10 +188,13 @@ def existing_rule_line(outcomes: list[Outcome], static_codes: frozenset[str]) ->
     built = [o for o in outcomes if o.status != NOT_BUILT]
     ruled = [o for o in built if set(o.rules) & static_codes]
     right = sum(1 for o in ruled if o.status == RIGHT)
+    sure = [o for o in ruled if not o.doubted]
+    sure_right = sum(1 for o in sure if o.status == RIGHT)
     return (
         f"Of the {len(built)} items, {len(ruled)} name a rule that exists today (the others "
         "name a rule reserved for later or none); the right rule flags "
-        f"{_percent(right, len(ruled))} of those {len(ruled)}."
+        f"{_percent(right, len(ruled))} of those {len(ruled)}; of the {len(sure)} of them "
+        f"the label review does not doubt, {_percent(sure_right, len(sure))}."
     )
 
 

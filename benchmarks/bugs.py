@@ -344,6 +344,7 @@ def score_all(
             outcome = _recall.Outcome(**entry["outcome"])
         else:
             outcome = score_item(record, out, use_torchfix, codes)
+        outcome.doubted = bool(record.get("review_doubt"))
         if cache is not None and fingerprint:
             with lock:  # saved as it goes: a stopped run keeps what it measured
                 fresh[record["id"]] = {"key": item_key, "outcome": outcome.__dict__}

@@ -200,19 +200,25 @@ def test_the_tables_count_each_outcome_once_per_group() -> None:
             "b", "hardcoded-cuda", "TD1xx device", ["TD101"], _recall.MISSED, "", False
         ),
         _recall.Outcome(
+            "e", "hardcoded-cuda", "TD1xx device", ["TD101"], _recall.MISSED, doubted=True
+        ),
+        _recall.Outcome(
             "c", "zero-grad", "TD2xx training loop", ["TD204"], _recall.OTHER, "", False
         ),
         _recall.Outcome("d", "zero-grad", "TD2xx training loop", ["TD204"], _recall.NOT_BUILT),
     ]
     rows = _recall.table(outcomes, "family", "family")
-    assert "| TD1xx device | 2 | 1 (50%) | 0 (0%) | 1 (50%) | 1 (50%) | 1 (50%) |" in rows
+    assert "| TD1xx device | 3 | 1 (33%) | 0 (0%) | 2 (67%) | 1 (50%) | 1 (50%) |" in rows
     assert "| TD2xx training loop | 1 | 0 (0%) | 1 (100%) | 0 (0%) | 0 (0%) | 1 (100%) |" in rows
-    assert "| **all** | 3 | 1 (33%) | 1 (33%) | 1 (33%) | 1 (33%) | 2 (67%) |" in rows
+    assert "| **all** | 4 | 1 (25%) | 1 (25%) | 2 (50%) | 1 (33%) | 2 (67%) |" in rows
     line = _recall.existing_rule_line(outcomes, frozenset({"TD101"}))
-    assert "3 items, 2 name a rule that exists today" in line
-    assert "flags 1 (50%) of those 2" in line
+    assert "4 items, 3 name a rule that exists today" in line
+    assert (
+        "flags 1 (33%) of those 3; of the 2 of them the label review does not doubt, 1 (50%)"
+        in line
+    )
     listed = _recall.misses(outcomes, {"b": "the loop is in another file"})
-    assert len(listed) == 2 and listed[0].startswith("- `b` (hardcoded-cuda, wants TD101): missed")
+    assert len(listed) == 3 and listed[0].startswith("- `b` (hardcoded-cuda, wants TD101): missed")
     assert listed[0].endswith("Analysis: the loop is in another file")
 
 
