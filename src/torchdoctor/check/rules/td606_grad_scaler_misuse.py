@@ -27,7 +27,9 @@ class GradScalerMisuse(Rule):
       instead of `scaler.step(optimizer)`;
     - `scaler.step(optimizer)` in a loop that never calls `scaler.update()`;
     - gradient clipping (`clip_grad_norm_`, `clip_grad_value_`) after
-      `scaler.scale(loss).backward()` without `scaler.unscale_(optimizer)` first.
+      `scaler.scale(loss).backward()` without `scaler.unscale_(optimizer)` first;
+      also in an update function whose caller ran the backward: clipping, then
+      `scaler.step(optimizer)`, with no `unscale_` in the function.
 
     ## Why is this bad?
     `scaler.scale(loss)` multiplies the loss by the scale factor -- 65536 (2**16)
@@ -88,6 +90,8 @@ class GradScalerMisuse(Rule):
                     if message:
                         reported.add(id(event.node))
                         self.report(event.node, message[0], hint=message[1])
+            if not scaled:
+                self._clip_before_scaler_step(events, reported)
             for step in events:
                 if step.kind != SCALER_STEP or not step.loops() or id(step.node) in reported:
                     continue
@@ -105,6 +109,35 @@ class GradScalerMisuse(Rule):
                     "since the last update()` and the scale never adapts",
                     hint=f"call `{step.subject}.update()` right after `{step.subject}.step(...)`",
                 )
+
+    def _clip_before_scaler_step(self, events: list[Event], reported: set[int]) -> None:
+        """An update step whose backward ran elsewhere (the caller's `scaler.scale(loss)
+        .backward()`): gradients clipped before `scaler.step(opt)` with no `unscale_` in
+        the function are still scaled, since `step` is where the scaler unscales them."""
+        if any(e.kind == UNSCALE for e in events):
+            return
+        for clip in events:
+            if clip.kind != CLIP or id(clip.node) in reported:
+                continue
+            step = next(
+                (
+                    e
+                    for e in events
+                    if e.kind == SCALER_STEP and e.order > clip.order and same_path(clip, e)
+                ),
+                None,
+            )
+            if step is None:
+                continue
+            reported.add(id(clip.node))
+            self.report(
+                clip.node,
+                f"`{self.ctx.segment(clip.node)}` at line {clip.line} clips gradients that "
+                f"`{step.subject}` still holds scaled (it unscales them only in "
+                f"`{self.ctx.segment(step.node)}` at line {step.line}): clipping compares "
+                "gradients up to 65536 times too large with the limit, so it fires on every step",
+                hint=f"call `{step.subject}.unscale_({step.target})` before clipping",
+            )
 
     def _after(self, events: list[Event], backward: Event) -> list[Event]:
         """What can run after `backward`, up to the next backward() on that path."""
