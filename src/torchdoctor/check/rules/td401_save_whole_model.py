@@ -24,6 +24,11 @@ _MODEL_SUFFIX = re.compile(r"(^|_)(model|net)$", re.IGNORECASE)
 _NOT_MODULES = frozenset(
     {"state_dict", "dict", "OrderedDict", "load", "load_state_dict", "get", "copy", "items"}
 )
+# Methods only an nn.Module has (an optimizer has state_dict and zero_grad, a tensor has
+# to/cuda/half): a name they are called on holds a module.
+_MODULE_ONLY_METHODS = frozenset(
+    {"parameters", "named_parameters", "modules", "named_modules", "children", "train"}
+)
 # Factories that build modules.
 _MODULE_FACTORIES = re.compile(
     r"^(torchvision\.models\.|timm\.create_model$|torch\.hub\.load$)|\.from_pretrained$"
@@ -40,7 +45,9 @@ class SaveWholeModel(Rule):
     (`model: nn.Module`), `model.module`, `model.cpu()`, ..., or a variable
     named like a model (`model`, `net`, `netG`, `encoder`, `*_model`) that the
     function does not bind to anything else (a dict, a `state_dict()`, a
-    loaded checkpoint).
+    loaded checkpoint). A loaded object, or one built by a class the run cannot
+    see, counts as a module where the function calls a method only modules have
+    on it (`net.parameters()`, `net.train()`, `net.named_modules()`).
 
     Dicts are left alone, even with a module inside: checkpoint dicts that
     pickle a model on purpose (YOLOv5 does) are a deliberate format choice.
@@ -136,6 +143,26 @@ class SaveWholeModel(Rule):
         last = name.rsplit(".", 1)[-1]
         return last in _NOT_MODULES or name in ("torch.load", "torch.jit.load")
 
+    def _loaded(self, value: ast.expr) -> bool:
+        return isinstance(value, ast.Call) and self.ctx.qualname(value.func) in (
+            "torch.load",
+            "torch.serialization.load",
+        )
+
+    def _used_as_module(self, scope: ast.AST, name: str, line: int) -> str | None:
+        """`name.parameters()`, `name.train()`, ... before `line`: only a module has them."""
+        for sub in walk(scope):
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr in _MODULE_ONLY_METHODS
+                and isinstance(sub.func.value, ast.Name)
+                and sub.func.value.id == name
+                and sub.lineno < line
+            ):
+                return f"`{name}.{sub.func.attr}()` at line {sub.lineno} is a module's method"
+        return None
+
     def _constructed_module(self, call: ast.Call) -> str | None:
         name = self.ctx.qualname(call.func) or ""
         last = name.rsplit(".", 1)[-1]
@@ -169,8 +196,13 @@ class SaveWholeModel(Rule):
                     return None  # a loop or `with` variable: unknown
         if latest is not None:
             why = self._module_evidence(latest, latest_line, depth - 1)
-            if why is not None or self._not_a_module(latest):
+            if why is not None:
                 return why
+            if self._not_a_module(latest) and not self._loaded(latest):
+                return None
+            # A loaded object, or a call of a class this run cannot see: how the code
+            # uses the name decides (`net.parameters()` only exists on a module).
+            return self._used_as_module(scope, name, line)
         if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
             for arg in (*scope.args.posonlyargs, *scope.args.args, *scope.args.kwonlyargs):
                 if arg.arg == name and arg.annotation is not None:
