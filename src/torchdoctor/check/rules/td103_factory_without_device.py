@@ -24,13 +24,22 @@ _LIKE_FORM = {
 
 
 class FactoryWithoutDevice(Rule):
-    """A tensor factory in `forward` with no `device=`: made on the CPU, meets GPU inputs.
+    """A tensor factory with no `device=`: made on the CPU, it meets tensors on the GPU.
 
     ## What it does
     Finds `torch.zeros/ones/empty/full/rand/randn/randint/arange/linspace/eye/tensor/…`
-    called without `device=` inside a module's `forward` (or a method `forward`
-    calls) whose result then meets the inputs, the module's parameters or
-    submodules: in arithmetic, `torch.cat`, a tensor method or a submodule call.
+    (and the legacy `torch.FloatTensor(...)` constructors) called without `device=`:
+
+    - inside a module's `forward` (or a method `forward` calls) whose result then
+      meets the inputs, the module's parameters or submodules: in arithmetic,
+      `torch.cat`, a tensor method or a submodule call;
+    - in any other function -- a loss, metric, plotting or training-loop helper,
+      `main()` -- whose result meets a tensor the analysis proves to be on the
+      device there: moved by this code (`x.to(device)`), made with `device=`, the
+      output of a model this code moved, or passed by a caller that did so. Where
+      the other side's place is not known (a parameter no caller in view moved), it
+      stays quiet.
+
     `*_like` and `x.new_*` factories take the device of their argument and are fine,
     as are 0-dim scalars such as `torch.tensor(2.0)`, which mix with any device.
 
