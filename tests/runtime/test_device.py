@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import traceback
 import types
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ from torch import nn
 
 import torchdoctor as td
 from torchdoctor.errors import DeviceMismatchError, DeviceUnavailableError, InvalidArgumentError
+from torchdoctor.explain.frames import is_library_file
 from torchdoctor.runtime.device import _availability_problem
 
 from .fakes import clear_device_env, fake_cuda, fake_mps, fake_xpu
@@ -370,6 +372,18 @@ def test_only_containers_holding_a_moved_tensor_are_new() -> None:
             assert on(META, *moved["mixed"], sample.x, sample.ids)
             after = [(id(x), getattr(x, "device", None)) for x in _walk(batch)]
             assert after == before, "the input is not modified"
+
+
+def test_an_error_inside_the_walk_is_torchdoctors_frame_not_the_users() -> None:
+    # The walk runs generated code: its frames must count as torchdoctor's (hidden from
+    # `torchdoctor run` tracebacks, never "Where" in an explanation) and show their source.
+    batch = {"samples": [Sample(torch.ones(1, device="meta"), torch.arange(1), Point(1, "p"))]}
+    with pytest.raises(NotImplementedError) as info:
+        td.to_device(batch, "cpu")  # a meta tensor has no data to copy
+    frames = traceback.extract_tb(info.value.__traceback__)
+    generated = [f for f in frames if "to_device generated" in f.filename]
+    assert generated, [f.filename for f in frames]
+    assert all(is_library_file(f.filename) and f.line for f in generated)
 
 
 def test_default_device_is_pick_device(monkeypatch: pytest.MonkeyPatch) -> None:

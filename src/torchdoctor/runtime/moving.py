@@ -24,8 +24,11 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import hashlib
 import inspect
+import linecache
 import operator
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
@@ -42,6 +45,7 @@ T = TypeVar("T")
 LEAF_TYPES = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device)
 _Tensor = torch.Tensor
 _is = operator.is_
+_HERE = os.path.dirname(os.path.abspath(__file__))
 _MAX_UNROLLED = 32  # fields; a wider namedtuple or dataclass loops instead
 
 
@@ -189,8 +193,14 @@ class _Codegen:
         return [*lines, f"    if {unchanged}:", "        return obj"]
 
     def compile(self, source: str, **names: Any) -> dict[str, Any]:
+        # Named inside this package, so tracebacks treat its frames as torchdoctor's
+        # (hidden by `torchdoctor run`, never taken for the user's code), with the
+        # source in linecache for a plain traceback. One name per distinct source.
+        digest = hashlib.blake2s(source.encode(), digest_size=6).hexdigest()
+        filename = f"{_HERE}{os.sep}<to_device generated {digest}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         namespace = {**self.namespace, **names}
-        exec(compile(source, "<torchdoctor.to_device>", "exec"), namespace)
+        exec(compile(source, filename, "exec"), namespace)
         return namespace
 
     def namedtuple(self, cls: type, width: int) -> Mover:
