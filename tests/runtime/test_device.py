@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import traceback
 import types
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ from torch import nn
 
 import torchdoctor as td
 from torchdoctor.errors import DeviceMismatchError, DeviceUnavailableError, InvalidArgumentError
+from torchdoctor.explain.frames import is_library_file
 from torchdoctor.runtime.device import _availability_problem
 
 from .fakes import clear_device_env, fake_cuda, fake_mps, fake_xpu
@@ -242,6 +244,11 @@ def test_dataclasses_including_frozen_slots_and_init_false() -> None:
     lazy = td.to_device(Lazy(torch.ones(1)), "meta")
     assert on(META, lazy.x) and not hasattr(lazy, "cache")
 
+    noted = Sample(torch.ones(1), torch.arange(1), Point(torch.ones(1), "p"))
+    noted.note = "kept"  # type: ignore[attr-defined]  # not a field
+    moved_noted = td.to_device(noted, "meta")
+    assert moved_noted.note == "kept" and on(META, moved_noted.x, moved_noted.point.x)  # type: ignore[attr-defined]
+
 
 def test_objects_with_their_own_to_are_asked_to_move() -> None:
     moved = td.to_device({"enc": MovesItself(torch.ones(1))}, "meta", non_blocking=True)
@@ -324,6 +331,61 @@ def test_same_device_is_a_no_op_and_parameters_are_tensors() -> None:
     assert on(META, td.to_device(param, "meta"))
 
 
+def _walk(obj: Any) -> list[Any]:
+    """obj and every container and tensor inside it, depth first."""
+    if isinstance(obj, dict):
+        return [obj, *(x for v in obj.values() for x in _walk(v))]
+    if isinstance(obj, (list, tuple)):
+        return [obj, *(x for v in obj for x in _walk(v))]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [obj, *(x for f in dataclasses.fields(obj) for x in _walk(getattr(obj, f.name)))]
+    return [obj]
+
+
+@pytest.mark.parametrize("target", ["cpu", "meta"])
+def test_nothing_to_move_returns_the_input_itself(target: str) -> None:
+    # Like Tensor.to returning self: every container whose items all stayed is kept.
+    batch = td.to_device(_nested_batch(), target)
+    for _ in range(3):  # first call, then the variant that skips tensors already there
+        assert td.to_device(batch, target) is batch
+    collections_ = {"d": collections.OrderedDict(a=torch.ones(1)), "q": collections.deque([3])}
+    frozen = frozenset([torch.ones(1)])
+    for obj in [collections_, frozen, Frozen(torch.ones(1), n=1), FrozenSlots(torch.ones(1))]:
+        assert td.to_device(obj, "cpu") is obj
+
+
+def test_only_containers_holding_a_moved_tensor_are_new() -> None:
+    batch: dict[str, Any] = {
+        "there": [torch.ones(1, device="meta"), "label"],
+        "mixed": (torch.ones(1, device="meta"), torch.ones(1)),
+        "sample": Sample(torch.ones(1), torch.arange(1), Point(torch.ones(1, device="meta"), "p")),
+    }
+    before = [(id(x), getattr(x, "device", None)) for x in _walk(batch)]
+    for _ in range(3):  # whichever variant to_device picked last, the same result
+        for warm_up in [batch, td.to_device(batch, "meta")]:
+            td.to_device(warm_up, "meta")
+            moved = td.to_device(batch, "meta")
+            assert moved is not batch and moved["there"] is batch["there"]
+            assert moved["mixed"] is not batch["mixed"] and moved["mixed"][0] is batch["mixed"][0]
+            sample = moved["sample"]
+            assert sample is not batch["sample"] and sample.point is batch["sample"].point
+            assert on(META, *moved["mixed"], sample.x, sample.ids)
+            after = [(id(x), getattr(x, "device", None)) for x in _walk(batch)]
+            assert after == before, "the input is not modified"
+
+
+def test_an_error_inside_the_walk_is_torchdoctors_frame_not_the_users() -> None:
+    # The walk runs generated code: its frames must count as torchdoctor's (hidden from
+    # `torchdoctor run` tracebacks, never "Where" in an explanation) and show their source.
+    batch = {"samples": [Sample(torch.ones(1, device="meta"), torch.arange(1), Point(1, "p"))]}
+    with pytest.raises(NotImplementedError) as info:
+        td.to_device(batch, "cpu")  # a meta tensor has no data to copy
+    frames = traceback.extract_tb(info.value.__traceback__)
+    generated = [f for f in frames if "to_device generated" in f.filename]
+    assert generated, [f.filename for f in frames]
+    assert all(is_library_file(f.filename) and f.line for f in generated)
+
+
 def test_default_device_is_pick_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHDOCTOR_DEVICE", "meta")
     assert on(META, td.to_device(torch.ones(1)))
@@ -350,7 +412,7 @@ def test_non_blocking_defaults_to_pinned_host_to_cuda_only(monkeypatch: pytest.M
     td.to_device([pinned, pageable], "cuda:0")
     assert spy.calls == [{"non_blocking": True}, {"non_blocking": False}]
     spy.calls.clear()
-    td.to_device([pinned], "cpu")
+    td.to_device([pinned], "meta")
     td.to_device([pinned], "mps", non_blocking=True)  # never asynchronous on MPS
     assert spy.calls == [{}, {}]
     spy.calls.clear()
@@ -414,6 +476,7 @@ def test_any_nesting_keeps_structure_and_moves_every_tensor(obj: Any) -> None:
     moved = td.to_device(obj, "meta")
     assert _shape(moved) == _shape(obj)
     assert all(t.device == META for t in _tensors(moved))
+    assert td.to_device(moved, "meta") is moved, "nothing left to move: the same object"
 
 
 # --------------------------------------------------------------------------- device_of

@@ -80,6 +80,33 @@ def test_uncaught_error_prints_traceback_then_explanation(tmp_path: Path) -> Non
     assert "input `input`: cpu" in text
 
 
+def test_nan_finder_traceback_hides_torchdoctor_frames(tmp_path: Path) -> None:
+    # The NaN finder raises from its own forward wrapper: like the simulator's errors,
+    # the traceback shows the program's frames (and torch's), not torchdoctor's.
+    path = _script(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        class Head(nn.Module):
+            def forward(self, x):
+                return (x - x).log()
+
+        model = nn.Sequential(nn.Linear(3, 2), Head())
+        model(torch.ones(4, 3)).sum().backward()
+        """,
+    )
+    err = io.StringIO()
+    from torchdoctor.runtime.nonfinite import watching
+
+    assert run_script(str(path), stderr=err, contexts=[watching()]) == 1
+    text = err.getvalue()
+    traceback_part = text[: text.index("NonFiniteError: TD217")]
+    assert f'File "{path}", line 10, in <module>' in traceback_part
+    assert "torchdoctor" + "/" not in traceback_part.replace("\\", "/")
+
+
 def test_guard_checks_models_created_in_the_script(tmp_path: Path) -> None:
     path = _script(
         tmp_path,

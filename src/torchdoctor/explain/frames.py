@@ -8,6 +8,7 @@ imports torch by itself.
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import os
 import re
@@ -61,6 +62,28 @@ def is_library_file(filename: str) -> bool:
     if path.startswith(_PACKAGE_DIR + os.sep):
         return True
     return any(marker in path for marker in _LIBRARY_MARKERS)
+
+
+def hide_own_frames(error: BaseException) -> None:
+    """Drop torchdoctor's frames from `error`'s traceback, as pytest hides its own.
+
+    The one place that does this: the simulator's errors, `torchdoctor run`
+    (NaN finder, guard) and the guard's context all call it. Nothing changes
+    when every frame is torchdoctor's or none is.
+    """
+    entries = []
+    tb = error.__traceback__
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    own = _PACKAGE_DIR + os.sep
+    kept = [t for t in entries if not t.tb_frame.f_code.co_filename.startswith(own)]
+    if not kept or len(kept) == len(entries):
+        return
+    for outer, inner in itertools.pairwise(kept):
+        outer.tb_next = inner
+    kept[-1].tb_next = None
+    error.__traceback__ = kept[0]
 
 
 # --- text ---------------------------------------------------------------------------------

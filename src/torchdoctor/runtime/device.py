@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import copy
 import dataclasses
 import functools
 import inspect
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar, cast, overload
 
 import torch
 from torch import nn
 
 from torchdoctor.errors import DeviceMismatchError, DeviceUnavailableError, InvalidArgumentError
+from torchdoctor.runtime.moving import LEAF_TYPES, Handlers, build_handlers
 
 __all__ = ["device_of", "device_safe", "pick_device", "to_device"]
 
@@ -195,311 +195,17 @@ def pick_device(prefer: DeviceLike | None = None) -> torch.device:
 
 # --------------------------------------------------------------------------- to_device
 
-Mover = Callable[[Any], Any]
-ItemsMover = Callable[[Iterable[Any]], list[Any]]
-_LEAF_TYPES = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device)
-_HANDLERS_BY_TARGET: dict[tuple[object, object, object], _HandlerCache] = {}
+_HANDLERS_BY_TARGET: dict[tuple[object, object, object], Handlers] = {}
 _MAX_TARGETS = 64
-
-
-def _identity(obj: T) -> T:
-    return obj
-
-
-class _HandlerCache(dict[type, Mover]):
-    """type -> handler; a missing type is resolved on first sight and kept."""
-
-    def __init__(self, resolve: Callable[[type], Mover]) -> None:
-        super().__init__()
-        self.resolve = resolve
-
-    def __missing__(self, cls: type) -> Mover:
-        handler = self[cls] = self.resolve(cls)
-        return handler
-
 
 # The handlers of the last call with default dtype/non_blocking, checked by identity of
 # `device`: a training loop calling to_device(batch, device) skips even the dict lookup.
-_LAST_HANDLERS: tuple[object, _HandlerCache] = (object(), _HandlerCache(lambda cls: _identity))
-
-
-def _tensor_mover(
-    device: torch.device, dtype: torch.dtype | None, non_blocking: bool | None
-) -> Mover:
-    """How one tensor moves, specialised once per (device, dtype, non_blocking)."""
-    if device.type == "mps":
-        non_blocking = False  # non_blocking copies to/from MPS have returned stale data
-    if non_blocking is None:
-        # Asynchronous copies are only safe and useful host->CUDA from pinned memory.
-        if device.type == "cuda":
-            if dtype is None:
-                return lambda t: t.to(device, non_blocking=t.is_pinned())
-            return lambda t: (
-                t.to(device, dtype, non_blocking=t.is_pinned())
-                if t.is_floating_point()
-                else t.to(device, non_blocking=t.is_pinned())
-            )
-        non_blocking = False
-    if non_blocking:
-        if dtype is None:
-            return lambda t: t.to(device, non_blocking=t.device.type != "mps")
-        return lambda t: t.to(
-            device,
-            dtype if t.is_floating_point() else t.dtype,
-            non_blocking=t.device.type != "mps",
-        )
-    if dtype is None:
-        return lambda t: t.to(device)
-    return lambda t: t.to(device, dtype) if t.is_floating_point() else t.to(device)
-
-
-def _custom_to_kwargs(
-    cls: type, device: torch.device, dtype: torch.dtype | None, non_blocking: bool | None
-) -> dict[str, Any]:
-    """Keyword arguments an object's own `.to()` accepts, checked once per type."""
-    wanted: dict[str, Any] = {}
-    if non_blocking and device.type != "mps":
-        wanted["non_blocking"] = True
-    if dtype is not None:
-        wanted["dtype"] = dtype
-    if not wanted:
-        return wanted
-    try:
-        params = inspect.signature(cast(Any, cls).to).parameters
-    except (TypeError, ValueError):
-        return wanted  # a builtin: trust it
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return wanted
-    if "dtype" in wanted and "dtype" not in params:
-        raise InvalidArgumentError(
-            f"{cls.__qualname__}.to() takes no dtype argument, so to_device(dtype=...) "
-            "cannot cast it",
-            fix="cast that object yourself, or call to_device without dtype",
-        )
-    return {k: v for k, v in wanted.items() if k in params}
-
-
-class _NoFastPath:
-    """A type no object has: switches off the inline `v.to(device)` when tensors need more."""
-
-
-def _build_handlers(
-    device: torch.device, dtype: torch.dtype | None, non_blocking: bool | None
-) -> _HandlerCache:
-    """The per-type handlers that move objects to one target: `handlers[type(obj)](obj)`.
-
-    Every container moves its items in one comprehension of the form
-    `v.to(device) if type(v) is fast else handlers[type(v)](v)`: a plain tensor
-    is moved inline, with no Python call of ours (close to a bare `.to` loop);
-    anything else costs one C-level dict lookup (an unseen type is resolved
-    once) and one call. `fast` is Tensor when moving a tensor is exactly
-    `t.to(device)`; otherwise it is a type no object has, and tensors go through
-    `handlers[Tensor]`.
-    """
-    move_tensor = _tensor_mover(device, dtype, non_blocking)
-    # Same conditions under which _tensor_mover returns a plain `t.to(device)`.
-    synchronous = (
-        device.type == "mps"
-        or non_blocking is False
-        or (non_blocking is None and device.type != "cuda")
-    )
-    fast: Any = _Tensor if dtype is None and synchronous else _NoFastPath
-    module_non_blocking = bool(non_blocking) and device.type != "mps"
-    handlers = _HandlerCache(lambda cls: resolve(cls))
-
-    # The hot handlers (list, dict, tuple, namedtuple, dataclass) each spell the
-    # comprehension out: calling a shared helper costs one more Python call per
-    # container, which is most of the walk's own cost.
-    def move_items(items: Iterable[Any]) -> list[Any]:
-        return [v.to(device) if type(v) is fast else handlers[type(v)](v) for v in items]
-
-    def move_dict(obj: dict[Any, Any]) -> dict[Any, Any]:
-        return {
-            k: v.to(device) if type(v) is fast else handlers[type(v)](v) for k, v in obj.items()
-        }
-
-    def move_tuple(obj: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple([v.to(device) if type(v) is fast else handlers[type(v)](v) for v in obj])
-
-    def namedtuple_handler(cls: type) -> Mover:
-        tuple_new = tuple.__new__  # builds it from an iterable, as its own _make does
-
-        def move_namedtuple(obj: Any) -> Any:
-            return tuple_new(
-                cls, [v.to(device) if type(v) is fast else handlers[type(v)](v) for v in obj]
-            )
-
-        return move_namedtuple
-
-    def dataclass_handler(cls: type) -> Mover:
-        # Every field, including init=False ones. The copy skips __init__ and
-        # __post_init__, keeps other attributes, and works for frozen classes (no
-        # __setattr__ involved).
-        names = tuple(f.name for f in dataclasses.fields(cls))
-        by_copy = _dataclass_by_copy(names, move_items)
-        if not _plain_instance_state(cls):
-            return by_copy
-        new_instance = object.__new__
-
-        def move_dataclass(obj: Any) -> Any:
-            new: Any = new_instance(cls)
-            state = new.__dict__
-            state.update(obj.__dict__)
-            try:
-                for name in names:
-                    v = state[name]
-                    state[name] = v.to(device) if type(v) is fast else handlers[type(v)](v)
-            except KeyError:  # an init=False field never set
-                return by_copy(obj)
-            return new
-
-        return move_dataclass
-
-    handlers.update({dict: move_dict, list: move_items, tuple: move_tuple, _Tensor: move_tensor})
-    handlers.update(dict.fromkeys(_LEAF_TYPES, _identity))
-
-    def move_module(module: nn.Module) -> nn.Module:
-        # In place, like Module.to; floating parameters only get the dtype.
-        if dtype is not None:
-            return module.to(device, dtype, non_blocking=module_non_blocking)
-        return module.to(device, non_blocking=module_non_blocking)
-
-    def resolve(cls: type) -> Mover:
-        if issubclass(cls, _Tensor):
-            return move_tensor
-        if issubclass(cls, nn.Module):
-            return move_module
-        if callable(getattr(cls, "to", None)):
-            # The object knows how to move itself (HF BatchEncoding, PackedSequence, ...).
-            kwargs = _custom_to_kwargs(cls, device, dtype, non_blocking)
-            return lambda obj: obj.to(device, **kwargs)
-        if dataclasses.is_dataclass(cls):
-            return dataclass_handler(cls)
-        if issubclass(cls, Mapping):
-            return _mapping_handler(cls, move_items)
-        if issubclass(cls, tuple):
-            if hasattr(cls, "_fields") and hasattr(cls, "_make"):
-                return namedtuple_handler(cls)
-            return _tuple_handler(cls, move_items)
-        if issubclass(cls, list):
-            return _list_handler(move_items)
-        if issubclass(cls, collections.deque):
-            return _deque_handler(cls, move_items)
-        if issubclass(cls, (set, frozenset)):
-            return lambda obj: cls(move_items(obj))
-        return _identity
-
-    return handlers
-
-
-def _plain_instance_state(cls: type) -> bool:
-    """Instances are fully described by their __dict__ (no slots, custom copy or __new__)."""
-    klass: Any = cls
-    return (
-        klass.__new__ is object.__new__
-        and not hasattr(cls, "__slots__")
-        and not hasattr(cls, "__copy__")
-        and not hasattr(cls, "__setstate__")
-        and klass.__reduce_ex__ is object.__reduce_ex__
-        and klass.__reduce__ is object.__reduce__
-    )
-
-
-def _dataclass_by_copy(names: tuple[str, ...], move_items: ItemsMover) -> Mover:
-    """For slotted dataclasses, custom copy protocols, and init=False fields never set."""
-    missing = object()
-
-    def move_by_copy(obj: Any) -> Any:
-        new = copy.copy(obj)
-        values = [getattr(obj, name, missing) for name in names]
-        # `missing` is a plain object: it comes back as itself
-        for name, value in zip(names, move_items(values), strict=True):
-            if value is not missing:
-                object.__setattr__(new, name, value)
-        return new
-
-    return move_by_copy
-
-
-def _mapping_handler(cls: type, move_items: ItemsMover) -> Mover:
-    if cls is collections.OrderedDict:
-
-        def move_ordered_dict(obj: Any) -> Any:
-            new = collections.OrderedDict(zip(obj, move_items(obj.values()), strict=True))
-            if obj.__dict__:  # e.g. a state_dict's `_metadata` (module versions)
-                new.__dict__.update(obj.__dict__)
-            return new
-
-        return move_ordered_dict
-    if cls is collections.defaultdict:
-        return lambda obj: collections.defaultdict(
-            obj.default_factory, zip(obj, move_items(obj.values()), strict=True)
-        )
-    if issubclass(cls, (dict, collections.UserDict)):
-        # A copy keeps the type, a defaultdict's factory and any extra attributes.
-        def move_mutable(obj: Any) -> Any:
-            new = copy.copy(obj)
-            for key, value in zip(obj, move_items(obj.values()), strict=True):
-                new[key] = value
-            return new
-
-        return move_mutable
-
-    def move_mapping(obj: Any) -> Any:
-        moved = dict(zip(obj, move_items(obj.values()), strict=True))
-        try:
-            return cast(Any, cls)(moved)
-        except TypeError:
-            raise InvalidArgumentError(
-                f"to_device cannot rebuild a {cls.__qualname__}: its constructor does not "
-                "take a dict",
-                fix=f"give {cls.__qualname__} a .to(device) method, or pass a plain dict",
-            ) from None
-
-    return move_mapping
-
-
-def _tuple_handler(cls: type, move_items: ItemsMover) -> Mover:
-    def move_tuple_subclass(obj: Any) -> Any:
-        moved = move_items(obj)
-        try:
-            return cast(Any, cls)(moved)
-        except TypeError:
-            if all(a is b for a, b in zip(moved, obj, strict=True)):
-                return obj  # nothing moved: keep the original
-            raise InvalidArgumentError(
-                f"to_device cannot rebuild a {cls.__qualname__} from its items",
-                fix=f"give {cls.__qualname__} a .to(device) method",
-            ) from None
-
-    return move_tuple_subclass
-
-
-def _list_handler(move_items: ItemsMover) -> Mover:
-    def move_list_subclass(obj: Any) -> Any:
-        new = copy.copy(obj)
-        new[:] = move_items(obj)
-        return new
-
-    return move_list_subclass
-
-
-def _deque_handler(cls: type, move_items: ItemsMover) -> Mover:
-    if cls is collections.deque:
-        return lambda obj: collections.deque(move_items(obj), obj.maxlen)
-
-    def move_deque_subclass(obj: Any) -> Any:
-        new = copy.copy(obj)
-        new.clear()
-        new.extend(move_items(obj))
-        return new
-
-    return move_deque_subclass
+_LAST_HANDLERS: tuple[object, Handlers] = (object(), Handlers())
 
 
 def _handlers_for(
     device: DeviceLike, dtype: torch.dtype | None, non_blocking: bool | None
-) -> _HandlerCache:
+) -> Handlers:
     global _LAST_HANDLERS
     key = (device, dtype, non_blocking)
     mover = _HANDLERS_BY_TARGET.get(key)
@@ -512,13 +218,25 @@ def _handlers_for(
             )
         if non_blocking is not None and not isinstance(non_blocking, bool):
             raise InvalidArgumentError("to_device(non_blocking=...) must be True, False or None")
-        mover = _build_handlers(target, dtype, non_blocking)
+        mover = build_handlers(target, dtype, non_blocking)
         if len(_HANDLERS_BY_TARGET) >= _MAX_TARGETS:
             _HANDLERS_BY_TARGET.clear()
         _HANDLERS_BY_TARGET[key] = mover
     if dtype is None and non_blocking is None:
         _LAST_HANDLERS = (device, mover)  # one tuple: read and replaced atomically
     return mover
+
+
+def _prefer(
+    handlers: Handlers, device: DeviceLike, dtype: torch.dtype | None, non_blocking: bool | None
+) -> None:
+    """Use the other variant of a target's handlers from the next call on."""
+    global _LAST_HANDLERS
+    key = (device, dtype, non_blocking)
+    if key in _HANDLERS_BY_TARGET:
+        _HANDLERS_BY_TARGET[key] = handlers
+    if dtype is None and non_blocking is None:
+        _LAST_HANDLERS = (device, handlers)
 
 
 def to_device(
@@ -536,6 +254,14 @@ def to_device(
     (called), and modules (moved in place and returned). Other leaves pass
     through untouched.
 
+    Like `Tensor.to`, it copies nothing that need not be: a tensor already on
+    `device` (with the right dtype) comes back as itself, and so does every
+    container none of whose items changed, so with nothing to move the result
+    *is* `obj`. A container holding anything that moved is a new object of the
+    same type; `obj` is never modified. The result may therefore share
+    unchanged containers with `obj`: copy it before mutating it in place if the
+    input must stay as it was.
+
     `device` defaults to `pick_device()`. `dtype` casts floating tensors only.
     `non_blocking=None` copies asynchronously only host->CUDA from pinned memory;
     copies to or from MPS are never asynchronous.
@@ -547,7 +273,6 @@ def to_device(
         handlers = _handlers_for(device, dtype, non_blocking)
     try:
         moved: T = handlers[type(obj)](obj)
-        return moved
     except RecursionError:
         raise InvalidArgumentError(
             "to_device: the object is nested too deeply or refers to itself (a cycle)",
@@ -561,6 +286,11 @@ def to_device(
                 f"to_device cannot move to {target}: {problem}", fix=_DEVICE_HELP
             ) from exc
         raise
+    if (moved is obj) is handlers.flip_if:
+        # Nothing moved this time and the handlers call .to on every tensor, or the
+        # other way round: the other variant fits the next call better (same results).
+        _prefer(handlers.other, device, dtype, non_blocking)
+    return moved
 
 
 # --------------------------------------------------------------------------- device_of
@@ -592,7 +322,7 @@ def _named_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, t
         yield path, obj, ""
     elif isinstance(obj, nn.Module):
         yield from _module_tensors(obj, path)
-    elif isinstance(obj, _LEAF_TYPES):
+    elif isinstance(obj, LEAF_TYPES):
         return
     elif isinstance(obj, nn.utils.rnn.PackedSequence):
         # batch_sizes stays on the CPU by design.

@@ -36,7 +36,7 @@ from torch.nn.modules.dropout import _DropoutNd
 from torchdoctor.catalog import lookup
 from torchdoctor.errors import DeviceMismatchError, UsageError
 from torchdoctor.explain.explainer import Explanation, explain
-from torchdoctor.explain.frames import is_library_file
+from torchdoctor.explain.frames import hide_own_frames, is_library_file
 
 __all__ = ["Guard", "GuardWarning", "guard"]
 
@@ -445,6 +445,7 @@ class Guard:
             replacement = attribute(exc, self.model)
             if replacement is not exc:
                 raise replacement from exc
+            hide_own_frames(exc)  # e.g. the NaN finder's NonFiniteError, raised in its hooks
 
     def __repr__(self) -> str:
         target = type(self.model).__name__ if self.model is not None else "all models"

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, ExitStack
 from typing import Any, TextIO
 
 from torchdoctor.errors import UsageError
-from torchdoctor.explain.frames import is_library_file
+from torchdoctor.explain.frames import hide_own_frames, is_library_file
 from torchdoctor.explain.hooks import report
 
 EXIT_INTERRUPTED = 130
@@ -39,7 +39,7 @@ def _exit_code(exc: SystemExit, stderr: TextIO) -> int:
 def _print_traceback(exc: BaseException, stderr: TextIO) -> None:
     """The traceback `python` would print: starting at the program's own frames, without
     torchdoctor's, and without the simulator's note (the explanation that follows holds it)."""
-    _hide_own_frames(exc)
+    hide_own_frames(exc)
     tb = exc.__traceback__
     while (
         tb is not None
@@ -58,12 +58,6 @@ def _print_traceback(exc: BaseException, stderr: TextIO) -> None:
             exc.__notes__ = notes  # type: ignore[attr-defined]
         return
     traceback.print_exception(type(exc), exc, tb, file=stderr)
-
-
-def _hide_own_frames(exc: BaseException) -> None:
-    simulator = sys.modules.get("torchdoctor.runtime.sim.session")
-    if simulator is not None:
-        simulator.hide_own_frames(exc)
 
 
 def _execute(

@@ -6,7 +6,6 @@ import contextlib
 import copyreg
 import importlib.abc
 import importlib.machinery
-import itertools
 import os
 import sys
 import threading
@@ -18,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import _pop_mode, _push_mode
 
 from torchdoctor.errors import SimulationUnsupportedError, UsageError
+from torchdoctor.explain.frames import hide_own_frames
 from torchdoctor.runtime.diagnosis import Diagnosis, diagnose_violation
 from torchdoctor.runtime.sim.devices import WILD, VirtualDevices, set_tag
 from torchdoctor.runtime.sim.distributed import DistributedLayer
@@ -74,25 +74,6 @@ def _error_class(shown_name: str) -> type[BaseException]:
 # Pickled by reference (a DataLoader worker sends the class of its error to the parent):
 # the shown name is PyTorch's, so the class is found again through this module.
 copyreg.pickle(_ShownAsTorch, lambda cls: (_error_class, (cls.__qualname__,)))  # type: ignore[arg-type, return-value]
-
-
-_OWN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-
-
-def hide_own_frames(error: BaseException) -> None:
-    """Drop torchdoctor's frames from `error`'s traceback, as pytest hides its own."""
-    entries = []
-    tb = error.__traceback__
-    while tb is not None:
-        entries.append(tb)
-        tb = tb.tb_next
-    kept = [t for t in entries if not t.tb_frame.f_code.co_filename.startswith(_OWN_DIR)]
-    if not kept or len(kept) == len(entries):
-        return
-    for outer, inner in itertools.pairwise(kept):
-        outer.tb_next = inner
-    kept[-1].tb_next = None
-    error.__traceback__ = kept[0]
 
 
 INVALID_ORDINAL = (
