@@ -170,3 +170,20 @@ def test_legacy_types_answer_isinstance_as_on_a_gpu() -> None:
         assert torch.ones(2).type(torch.cuda.FloatTensor).device == CUDA0
     with pytest.raises(TypeError, match="not available"):  # the real type again after the block
         torch.cuda.FloatTensor(3)
+
+
+@pytest.mark.parametrize("name", ["quantile", "nanquantile"])
+@pytest.mark.parametrize("q", [1.5, -0.25, [0.2, 1.0000001]])
+def test_quantile_out_of_range_raises_as_on_the_cpu(name: str, q: Any) -> None:
+    """torch skips this range check under any dispatch mode; the simulation keeps it."""
+    values = torch.arange(5.0)
+    tensor_q = torch.tensor(q)
+    with pytest.raises(RuntimeError, match="range"):
+        getattr(torch, name)(values, tensor_q)
+    with td.simulate("cuda"):
+        on_gpu = values.to("cuda")
+        with pytest.raises(RuntimeError, match="range"):
+            getattr(torch, name)(on_gpu, tensor_q.to("cuda"))
+        with pytest.raises(RuntimeError, match="range"):
+            getattr(on_gpu, name)(tensor_q.to("cuda"))
+        assert getattr(on_gpu, name)(torch.tensor(0.5, device="cuda")).item() == 2.0

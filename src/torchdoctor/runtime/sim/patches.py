@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._device as _device_context
 
-from torchdoctor.runtime.sim import legacy, rules
+from torchdoctor.runtime.sim import legacy, rules, value_checks
 from torchdoctor.runtime.sim.devices import (
     CPU,
     PINNED,
@@ -159,6 +159,7 @@ class Patches:
         self._autocast()
         self._unsupported()
         legacy.install(self)
+        value_checks.install(self)
 
     def uninstall(self) -> None:
         self.patcher.restore()
