@@ -452,3 +452,29 @@ def test_recursive_helpers_end_and_stay_quiet() -> None:
         """
     )
     assert sc.mismatches == []  # nothing combines them; the recursion is cut, not followed
+
+
+def test_legacy_tensor_types_move_what_they_retype() -> None:
+    sc = scope(
+        """
+        cuda = torch.cuda.is_available()
+        Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+        loader = DataLoader(data)
+        for x, y in loader:
+            a = x.type(Tensor)
+            b = x.type(torch.cuda.FloatTensor)
+            c = x.type(torch.DoubleTensor)
+            d = x.type(torch.float16)
+            e = x.type(kind)
+            f = Tensor(4, 2)
+            g = torch.cuda.LongTensor(3)
+        """
+    )
+    run_time = value_of(sc, "a")
+    assert run_time.place is Place.DEVICE and run_time.maybe
+    assert value_of(sc, "b").place is Place.DEVICE
+    assert value_of(sc, "c").place is Place.CPU
+    assert value_of(sc, "d").place is Place.CPU  # a dtype: where the batch was
+    assert value_of(sc, "e").place is Place.UNKNOWN  # a type we cannot know
+    assert value_of(sc, "f").place is Place.DEVICE
+    assert value_of(sc, "g").place is Place.DEVICE

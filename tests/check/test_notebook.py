@@ -263,3 +263,27 @@ def test_malformed_cells_are_warned_about_by_number(td: CLI, project: Path) -> N
     assert td("check", "--select", "TD402", "--no-cache", "--fix", path.name).code == 0
     written = json.loads(path.read_text(encoding="utf-8"))["cells"]
     assert written[1:6] == data["cells"][1:6]
+
+
+def test_td402_quiet_on_files_an_earlier_cell_wrote(td: CLI, project: Path) -> None:
+    """A notebook runs top to bottom in one session: what an earlier cell's checkpoint
+    handler or torch.save wrote is read back on the same machine."""
+    cells = [
+        ["import torch\n", "from ignite.handlers import ModelCheckpoint, DiskSaver\n"],
+        ["net = net.to(device)\n"],
+        ['run_dir = "/tmp/runs/" + stamp\n', "saver = DiskSaver(dirname=run_dir)\n"],
+        ['keeper = ModelCheckpoint("./checkpoints", "net", n_saved=2)\n'],
+        ['torch.save(net.state_dict(), "weights/last.pt")\n'],
+        ['best = torch.load(run_dir + "/model.pt")\n'],  # good: the handler's folder
+        ['last_path = "checkpoints/net_model_3.pt"\n', "last = torch.load(last_path)\n"],  # good
+        ['again = torch.load("weights/last.pt")\n'],  # good: torch.save above
+        ['other = torch.load("weights/pretrained.pt")\n'],  # bad: not written here
+        ['early = torch.load("later/model.pt")\n', 'torch.save(net, "later/model.pt")\n'],  # bad
+    ]
+    data = notebook()
+    data["cells"] = [code_cell(c, count=n + 1) for n, c in enumerate(cells)]
+    write(project / "train.ipynb", nbformat_text(data))
+    items = json.loads(
+        td("check", "--select", "TD402", "--no-cache", "--format", "json", "train.ipynb").out
+    )
+    assert [(i["cell"], i["line"]) for i in items] == [(9, 1), (10, 1)]

@@ -159,6 +159,18 @@ class ScopeCalls(ScopeMoves):
                 result = self._move(node, func.value, recv, statement)
                 if result is not None:
                     return result
+        if callee.kind is Kind.TENSOR_TYPE:
+            # `Tensor(...)` of a legacy type held in a name: where the type puts it
+            maybe = callee.place is Place.UNKNOWN
+            return Value(
+                Kind.TENSOR,
+                Place.DEVICE if maybe else callee.place,
+                name=self._text(func),
+                line=node.lineno,
+                device=self._text(func) if maybe else callee.device,
+                maybe=maybe,
+                source=node,
+            )
         if qual:
             result = self._known_function(node, qual, args, keywords)
             if result is not None:
@@ -339,6 +351,10 @@ class ScopeCalls(ScopeMoves):
         kind = recv.kind
         if method in ("to", "cuda", "cpu"):
             return self._move(node, func.value, recv, statement)
+        if method == "type" and (kind is Kind.MODULE or kind in _TENSOR_KINDS):
+            result = self._retype(node, func.value, recv, args, statement)
+            if result is not None:
+                return result
         if kind is Kind.MODULE:
             return self._module_method(node, method, recv, args)
         if kind is Kind.CONTAINER:

@@ -13,6 +13,7 @@ from torchdoctor.check.analysis.torch_api import (
     _LOADERISH,
     _TENSOR_ATTRS_SAME,
     _TENSOR_META_ATTRS,
+    legacy_type_place,
 )
 from torchdoctor.check.analysis.values import (
     NONE,
@@ -34,7 +35,10 @@ class ScopeExprs(ScopeCore):
 
     def _eval_name(self, node: ast.expr) -> Value:
         assert isinstance(node, ast.Name)
-        return self.lookup(node.id)
+        held = self.lookup(node.id)
+        if held is UNKNOWN and node.id in self.ctx.imports:
+            return self._legacy_type(node)  # `from torch.cuda import FloatTensor`
+        return held
 
     def _eval_constant(self, node: ast.expr) -> Value:
         assert isinstance(node, ast.Constant)
@@ -59,7 +63,20 @@ class ScopeExprs(ScopeCore):
             if held is not UNKNOWN:
                 return held
         recv = self.eval(node.value)
+        if recv is UNKNOWN and node.attr.endswith("Tensor"):
+            held = self._legacy_type(node)
+            if held is not UNKNOWN:
+                return held
         return self._attribute(recv, node)
+
+    def _legacy_type(self, node: ast.Name | ast.Attribute) -> Value:
+        """`torch.cuda.FloatTensor` / `torch.FloatTensor` as a value (not called)."""
+        qual = self.ctx.qualname(node) or ""
+        place = legacy_type_place(qual)
+        if place is None:
+            return UNKNOWN
+        device = '"cuda"' if place is Place.DEVICE else "'cpu'"
+        return Value(Kind.TENSOR_TYPE, place, name=qual, device=device)
 
     def _attribute(self, recv: Value, node: ast.Attribute) -> Value:
         attr = node.attr

@@ -22,6 +22,7 @@ from torchdoctor.check.analysis.torch_api import (
     NUMPY_CONVERTING,
     OPTIMIZER_PREFIX,
     REDUCTIONS,
+    legacy_type_place,
 )
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Place, Value
 from torchdoctor.check.context import (
@@ -178,6 +179,10 @@ class ScopeLibrary(ScopeExprs):
         if qual.count(".") == 1 and last in LEGACY_CONSTRUCTORS:
             # `torch.FloatTensor([n])`: on the CPU, whatever the arguments
             return Value(Kind.TENSOR, Place.CPU, name=qual, line=node.lineno, source=node)
+        if qual.startswith("torch.cuda.") and legacy_type_place(qual) is Place.DEVICE:
+            # `torch.cuda.FloatTensor(n)`: a new tensor on the GPU
+            device = '"cuda"'
+            return Value(Kind.TENSOR, Place.DEVICE, name=qual, line=node.lineno, device=device)
         if qual.count(".") == 1 and last in LIKE_FACTORIES:
             base = args[0] if args else UNKNOWN
             for kw in node.keywords:

@@ -18,6 +18,7 @@ from torchdoctor.check.analysis.torch_api import (
     PRESERVING_METHODS,
     REDUCTIONS,
     is_dtype_text,
+    legacy_type_place,
 )
 from torchdoctor.check.analysis.values import (
     _TENSOR_KINDS,
@@ -108,13 +109,53 @@ class ScopeMoves(ScopeLibrary):
             )
         return None
 
-    def _move(
-        self, node: ast.Call, receiver: ast.expr, recv: Value, statement: bool
+    def _retype(
+        self, node: ast.Call, receiver: ast.expr, recv: Value, args: list[Value], statement: bool
     ) -> Value | None:
-        """`x.to(...)`, `x.cuda()`, `x.cpu()`: the moved value (None: not a move)."""
+        """`x.type(T)`: a move when `T` is a legacy tensor type (None: a dtype conversion)."""
+        if not node.args and not node.keywords:
+            return None if recv.kind is Kind.MODULE else UNKNOWN  # the type's name, a string
+        arg = node.args[0] if node.args else node.keywords[0].value
+        held = args[0] if node.args else self._peek(arg)
+        text = self._text(arg)
+        maybe = False
+        if held.kind is Kind.TENSOR_TYPE:
+            # chosen at run time between the CPU and a device: the target device, as
+            # `device = "cuda" if cuda else "cpu"` is
+            maybe = held.place is Place.UNKNOWN
+            target = (Place.DEVICE, text) if maybe else (held.place, held.device)
+        elif isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            place = legacy_type_place(arg.value)
+            if place is None:
+                return None
+            target = (place, text)
+        elif is_dtype_text(text) or is_dtype_text(self.ctx.qualname(arg) or ""):
+            return None
+        else:
+            target = (Place.UNKNOWN, text)  # a type we cannot know: anywhere
+        moved = self._move(node, receiver, recv, statement, target)
+        if moved is not None and maybe:
+            moved = dataclasses.replace(moved, maybe=True)
+            if statement and moved.kind is Kind.MODULE and (key := dotted(receiver)):
+                self._set(key, moved)
+        return moved
+
+    def _move(
+        self,
+        node: ast.Call,
+        receiver: ast.expr,
+        recv: Value,
+        statement: bool,
+        target: tuple[Place, str] | None = None,
+    ) -> Value | None:
+        """`x.to(...)`, `x.cuda()`, `x.cpu()`: the moved value (None: not a move).
+
+        `target`: where a move that is not one of these sends it (`x.type(T)`)."""
         method = node.func.attr  # type: ignore[attr-defined]
-        if method == "cpu":
-            target: tuple[Place, str] | None = (Place.CPU, "'cpu'")
+        if target is not None:
+            pass
+        elif method == "cpu":
+            target = (Place.CPU, "'cpu'")
         elif method == "cuda":
             target = (Place.DEVICE, '"cuda"')
         else:

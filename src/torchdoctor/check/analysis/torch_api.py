@@ -10,7 +10,7 @@ import re
 import sys
 from importlib import resources
 
-from torchdoctor.check.analysis.values import Kind, Value
+from torchdoctor.check.analysis.values import Kind, Place, Value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -69,6 +69,17 @@ _NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode"})
 
 # Values that take the name of the variable they are first bound to (for messages).
 _NAMED_KINDS = frozenset({Kind.LOADER, Kind.MODULE, Kind.DEVICE, Kind.DATASET})
+
+
+def legacy_type_place(qual: str) -> Place | None:
+    """Where a legacy tensor type puts tensors: `torch.cuda.FloatTensor` the device,
+    `torch.FloatTensor` the CPU (None: not a typed legacy tensor type)."""
+    head, _, last = qual.rpartition(".")
+    if last == "Tensor" or last not in LEGACY_CONSTRUCTORS:
+        return None  # (`torch.Tensor` is the class of every tensor, wherever it lives)
+    if head == "torch.cuda":
+        return Place.DEVICE
+    return Place.CPU if head == "torch" else None
 
 
 def is_dtype_text(text: str) -> bool:

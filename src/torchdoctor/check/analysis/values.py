@@ -34,6 +34,10 @@ class Kind(enum.Enum):
     OPTIMIZER = "optimizer"
     CONTAINER = "container"  # a list/tuple/dict/iterator: see Value.element and Value.items
     NONE = "none"  # the constant None
+    # a legacy tensor type (`torch.FloatTensor`, `torch.cuda.FloatTensor`): `x.type(T)` and
+    # `T(...)` put a tensor where it says; UNKNOWN place when chosen at run time between the
+    # CPU and a device (`torch.cuda.FloatTensor if cuda else torch.FloatTensor`)
+    TENSOR_TYPE = "tensor type"
 
 
 class Place(enum.Enum):

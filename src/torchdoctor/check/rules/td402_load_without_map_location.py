@@ -18,6 +18,8 @@ _TEMP = re.compile(r"\b(tmp_path\w*|tmpdir\w*|tempfile|TemporaryDirectory|mkdtem
 _TEMP_PARAMETERS = frozenset({"tmp_path", "tmpdir", "tmp_dir", "dirname", "temp_dir"})
 # Saves that put every tensor on the CPU first (FSDP's state-dict configs).
 _CPU_SAVES = re.compile(r"offload_to_cpu\s*=\s*True")
+# Checkpoint handlers given the folder they write into (ignite, Lightning).
+_FOLDER_WRITERS = frozenset({"ModelCheckpoint", "DiskSaver"})
 
 
 class LoadWithoutMapLocation(Rule):
@@ -30,8 +32,11 @@ class LoadWithoutMapLocation(Rule):
     `torch.save`s to the same file or buffer earlier in the same function (the
     saving device is this machine's), and loads from in-memory `io.BytesIO`
     buffers, which hold bytes the program produced itself (pickling, RPC, archive
-    members) and whose devices it means to restore. So are loads of what holds no
-    GPU tensors, as the file shows: files this file saves on the CPU (FSDP's
+    members) and whose devices it means to restore. In a notebook, which runs its cells
+    top to bottom in one session, so is a file an earlier cell wrote (`torch.save`,
+    `trainer.save_checkpoint`, or into the folder of a `ModelCheckpoint`/`DiskSaver`).
+    So are loads of what holds no GPU tensors, as the file shows: files this file
+    saves on the CPU (FSDP's
     `offload_to_cpu=True`, `torch.save(x.cpu(), path)` to the same file name, any
     save to it in a file that never names an accelerator), NumPy arrays (the result
     goes to `torch.from_numpy`) and a `GradScaler`'s state (floats and ints).
@@ -96,6 +101,7 @@ class LoadWithoutMapLocation(Rule):
             or self._holds_no_device_tensors(node)
             or self._saved_from_cpu(source)
             or self._test_reads_its_temp_files()
+            or self._notebook_wrote_it(node, source)
         ):
             return
         last = max(
@@ -194,6 +200,72 @@ class LoadWithoutMapLocation(Rule):
             and _TEMP.search(self.ctx.segment(sub)) is not None
             for sub in self.ctx.tree.body
         )
+
+    def _notebook_wrote_it(self, load: ast.Call, source: ast.expr) -> bool:
+        """A notebook runs its cells top to bottom in one session: a file that an earlier
+        cell writes (`torch.save`, `trainer.save_checkpoint`, or a checkpoint handler's
+        folder) is read back on the machine that wrote it."""
+        if not self.ctx.path.endswith(".ipynb"):
+            return False
+        names, strings = self._path_parts(source, load.lineno)
+        files = {s.rsplit("/", 1)[-1] for s in strings if "." in s.rsplit("/", 1)[-1]}
+        for sub in walk(self.ctx.tree):
+            if not isinstance(sub, ast.Call) or sub.lineno >= load.lineno:
+                continue
+            written, folder = self._written_path(sub)
+            if written is None:
+                continue
+            w_names, w_strings = self._path_parts(written, sub.lineno)
+            w_files = {s.rsplit("/", 1)[-1] for s in w_strings if "." in s.rsplit("/", 1)[-1]}
+            if not folder and files and w_files:
+                if files & w_files:
+                    return True
+                continue  # another file of the same folder
+            if names & w_names or any(
+                s == d or s.startswith(d + "/") for s in strings for d in w_strings
+            ):
+                return True
+        return False
+
+    def _written_path(self, call: ast.Call) -> tuple[ast.expr | None, bool]:
+        """The path a call writes to, and whether it is a folder (of a handler)."""
+        func = call.func
+        last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        keywords = {kw.arg: kw.value for kw in call.keywords}
+        if last in _FOLDER_WRITERS:
+            folder = keywords.get("dirname") or keywords.get("dirpath")
+            return folder or (call.args[0] if call.args else None), True
+        if last == "save_checkpoint" and isinstance(func, ast.Attribute):
+            return (call.args[0] if call.args else keywords.get("filepath")), False
+        if self.ctx.call_name(call) == "torch.save":
+            return (call.args[1] if len(call.args) >= 2 else keywords.get("f")), False
+        return None, False
+
+    def _path_parts(self, path: ast.expr, before: int) -> tuple[set[str], set[str]]:
+        """The variables and strings a path is built from (`log_path + "/model.pt"`),
+        with the strings of module-level variables assigned before line `before`."""
+        names: set[str] = set()
+        strings: set[str] = set()
+        callees = {id(n.func) for n in ast.walk(path) if isinstance(n, ast.Call)}
+        bases = {id(n.value) for n in ast.walk(path) if isinstance(n, ast.Attribute)}
+        for n in ast.walk(path):
+            if isinstance(n, ast.Name) and id(n) not in callees and id(n) not in bases:
+                names.add(n.id)
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                strings.add(n.value)
+        for statement in self.ctx.tree.body:
+            if (
+                isinstance(statement, ast.Assign)
+                and statement.lineno < before
+                and any(isinstance(t, ast.Name) and t.id in names for t in statement.targets)
+            ):
+                strings |= {
+                    n.value
+                    for n in ast.walk(statement.value)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                }
+        strings = {s.removeprefix("./").rstrip("/") for s in strings}
+        return names, {s for s in strings if s and s != "."}
 
     def _scope(self) -> ast.AST:
         function = self.ctx.enclosing_function()
