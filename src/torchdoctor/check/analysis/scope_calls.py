@@ -170,9 +170,12 @@ class ScopeCalls(ScopeMoves):
         target = self._same_file_callee(func, recv)
         if target is not None:
             returned = self._follow_call(node, target, args, keywords)
-            if returned is not None and returned is not UNKNOWN:
-                return returned
-            return self.ff.returned_tensor(target)
+            if returned is None or returned is UNKNOWN:
+                returned = self.ff.returned_tensor(target)
+            if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
+                # the callee computes under the caller's no_grad: nothing it makes needs grad
+                returned = dataclasses.replace(returned, grad=False)
+            return returned
         return UNKNOWN
 
     def _follow_call(
