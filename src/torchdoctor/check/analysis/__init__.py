@@ -33,6 +33,11 @@ Values (`values.py`): a `Value` says what an expression holds: its `Kind` (modul
 tensor, batch from a loader, loader, parameters, device, container, ...), its `Place`
 (CPU, the target device, unknown) and where that came from. Anything not understood
 is UNKNOWN, and rules stay quiet on UNKNOWN: the facts are proofs, not guesses.
+Calling a value gives a module's output (a tensor where the module is) only when it is
+shown to be an nn.Module: built from a module class, or used as one in the scope
+(`model.eval()`, `.parameters()`, ...: `library.toml` [modules] module_only_methods).
+An object merely moved with `.to(device)` may be a pipeline or a graph batch: calling
+it gives UNKNOWN.
 
 Parts, bottom to top (a module imports only modules listed before it; the
 interpreters see the per-file objects above them only through protocols):

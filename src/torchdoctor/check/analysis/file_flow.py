@@ -234,7 +234,7 @@ class FileFlow(FileIndex):
                     device=f"self.{attr}",
                     assumed=True,
                     is_input=True,
-                    grad=value.kind is Kind.PARAMETER,
+                    grad=value.kind is Kind.PARAMETER and value.grad,
                 )
             seeds[f"{self_name}.{attr}"] = value
         return seeds

@@ -13,6 +13,7 @@ from torchdoctor.check.analysis.syntax import (
     _DEF_OR_IMPORT,
     _SELF_ATTRIBUTE_USE,
     _target_names,
+    module_receivers,
 )
 from torchdoctor.check.analysis.torch_api import _NON_MODULE_NN
 from torchdoctor.check.analysis.values import AnyFunction, ScopeNode, Value
@@ -64,6 +65,7 @@ class FileIndex:
         self._module_code_text: str | None = None
         self._module_names: frozenset[str] | None = None
         self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
+        self._module_attrs: dict[ast.ClassDef, frozenset[str]] = {}
 
     # -- index -------------------------------------------------------------------------
     def _index(self, body: list[ast.stmt], cls: ast.ClassDef | None, *, top: bool) -> None:
@@ -92,6 +94,7 @@ class FileIndex:
         self._texts.clear()
         self._class_uses.clear()
         self._self_attrs_assigned.clear()
+        self._module_attrs.clear()
 
     def functions(self) -> list[AnyFunction]:
         """Every function and method of the file, in source order of their headers."""
@@ -103,6 +106,23 @@ class FileIndex:
 
     def methods(self, cls: ast.ClassDef) -> dict[str, AnyFunction]:
         return self._methods.get(cls, {})
+
+    def module_attrs(self, cls: ast.ClassDef) -> frozenset[str]:
+        """Attributes `x` some method of `cls` uses as an nn.Module (`self.x.eval()`)."""
+        found = self._module_attrs.get(cls)
+        if found is None:
+            names: set[str] = set()
+            for method in self.methods(cls).values():
+                params = [*method.args.posonlyargs, *method.args.args]
+                if not params:
+                    continue
+                prefix = params[0].arg + "."
+                for key in module_receivers(method):
+                    if key.startswith(prefix):
+                        names.add(key[len(prefix) :].split(".", 1)[0])
+            found = frozenset(names)
+            self._module_attrs[cls] = found
+        return found
 
     def is_module_class(self, cls: ast.ClassDef) -> bool:
         """Whether `cls` subclasses nn.Module, judged by its own bases.

@@ -182,9 +182,12 @@ class ScopeCalls(ScopeMoves):
         target = self._same_file_callee(func, recv)
         if target is not None:
             returned = self._follow_call(node, target, args, keywords)
-            if returned is not None and returned is not UNKNOWN:
-                return returned
-            return self.ff.returned_tensor(target)
+            if returned is None or returned is UNKNOWN:
+                returned = self.ff.returned_tensor(target)
+            if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
+                # the callee computes under the caller's no_grad: nothing it makes needs grad
+                returned = dataclasses.replace(returned, grad=False)
+            return returned
         return UNKNOWN
 
     def _follow_call(
@@ -281,6 +284,7 @@ class ScopeCalls(ScopeMoves):
         callee: Value,
         args: list[Value],
         keywords: list[tuple[str | None, Value]],
+        callee_node: ast.expr | None = None,
     ) -> Value:
         operands: list[tuple[ast.expr, Value]] = []
         if callee.place is not Place.UNKNOWN:
@@ -293,6 +297,12 @@ class ScopeCalls(ScopeMoves):
         tensors = [(n, v) for n, v in operands if v.tensor_like or n is node.func]
         if callee.wrapper != "DataParallel":  # DataParallel scatters CPU inputs itself
             self._meet(node, [(n, v) for n, v in tensors], "module")
+        if (callee.kind is not Kind.MODULE or callee.guessed) and not self.shown_module(
+            dotted(callee_node if callee_node is not None else node.func)
+        ):
+            # moved with `.to()` but not shown to be an nn.Module: a pipeline returns
+            # images, a wrapper a structure; what the call gives is not known
+            return UNKNOWN
         maybe = False
         if callee.place is not Place.UNKNOWN:
             place = callee.place
@@ -385,7 +395,7 @@ class ScopeCalls(ScopeMoves):
             param = Value(Kind.PARAMETER, recv.place, device=recv.device, grad=True)
             return Value(Kind.CONTAINER, element=Value(Kind.CONTAINER, items=(UNKNOWN, param)))
         if method == "forward":
-            return self._module_call(node, recv, args, [])
+            return self._module_call(node, recv, args, [], node.func.value)  # type: ignore[attr-defined]
         return None
 
     def _container_method(

@@ -7,7 +7,12 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.interfaces import FileFacts
-from torchdoctor.check.analysis.syntax import _decorated_no_grad, _is_static, _local_names
+from torchdoctor.check.analysis.syntax import (
+    _decorated_no_grad,
+    _is_static,
+    _local_names,
+    module_receivers,
+)
 from torchdoctor.check.analysis.values import (
     _TENSOR_KINDS,
     UNKNOWN,
@@ -66,6 +71,7 @@ class ScopeCore:
         self.self_name = ""
         self.cls: ast.ClassDef | None = None
         self._locals: frozenset[str] | None = None  # computed on first need
+        self._module_receivers: frozenset[str] | None = None  # computed on first need
         self._globals: Env | None = None
         if not isinstance(node, ast.Module):
             self.cls = ff.class_of(node)
@@ -104,6 +110,20 @@ class ScopeCore:
     def calls_named(self, name: str) -> list[ast.Call]:
         """Every `name(...)` or `x.name(...)` call evaluated in the scope."""
         return self._named_calls.get(name, [])
+
+    def shown_module(self, key: str | None) -> bool:
+        """Whether the scope calls a method only an nn.Module has on `key` (`model.eval()`)."""
+        if key is None:
+            return False
+        if self._module_receivers is None:
+            self._module_receivers = module_receivers(self.node)
+        if key in self._module_receivers:
+            return True
+        prefix = self.self_name + "."
+        if self.cls is None or not self.self_name or not key.startswith(prefix):
+            return False
+        # `self.model.eval()` in another method of the class
+        return key[len(prefix) :] in self.ff.module_attrs(self.cls)
 
     # -- environment -------------------------------------------------------------------------
     def lookup(self, name: str) -> Value:

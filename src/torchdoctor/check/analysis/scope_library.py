@@ -208,10 +208,16 @@ class ScopeLibrary(ScopeExprs):
             return Value(Kind.DEVICE, Place.DEVICE, line=node.lineno, device=self._text(node))
         if qual in ("torch.nn.Parameter", "torch.nn.parameter.Parameter"):
             data = args[0] if args else UNKNOWN
+            # `nn.Parameter(t, requires_grad=False)`: a frozen buffer-like parameter
+            flag = node.args[1] if len(node.args) > 1 else None
+            for kw in node.keywords:
+                if kw.arg == "requires_grad":
+                    flag = kw.value
+            frozen = isinstance(flag, ast.Constant) and flag.value is False
             return Value(
                 Kind.PARAMETER,
                 data.place,
-                grad=True,
+                grad=not frozen,
                 line=node.lineno,
                 source=node,
                 device=data.device,

@@ -177,12 +177,18 @@ class ScopeMoves(ScopeLibrary):
         kind = recv.kind
         if kind is Kind.PARAMETER:
             kind = Kind.TENSOR
-        moved_module = kind is Kind.MODULE or (kind is Kind.UNKNOWN and statement)
-        if kind is Kind.UNKNOWN and statement:
-            kind = Kind.MODULE  # Tensor.to is not in place: a dropped .to() is a module's
+        shown = self.shown_module(dotted(receiver))
+        moved_module = kind is Kind.MODULE or (kind is Kind.UNKNOWN and (statement or shown))
+        guessed = recv.guessed and not shown
+        if kind is Kind.UNKNOWN and (statement or shown):
+            # Tensor.to is not in place: a dropped .to() is a module's, or a pipeline's,
+            # a graph batch's: a module for sure only if the scope uses it as one
+            kind = Kind.MODULE
+            guessed = not shown
         after = dataclasses.replace(
             recv,
             kind=kind,
+            guessed=guessed,
             place=place,
             device=device_text,
             device_line=node.lineno,

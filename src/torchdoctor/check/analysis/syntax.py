@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.torch_api import _NO_GRAD_CONTEXTS
+from torchdoctor.check.analysis.torch_api import _NO_GRAD_CONTEXTS, MODULE_ONLY_METHODS
 from torchdoctor.check.analysis.values import AnyFunction, Env
 from torchdoctor.check.context import (
     FileContext,
@@ -179,6 +179,27 @@ def _local_names(func: AnyFunction) -> frozenset[str]:
                 names.add(name)
         todo.extend(iter_children(node))
     return frozenset(names - declared_global)
+
+
+def module_receivers(scope: ast.AST) -> frozenset[str]:
+    """Names (`model`, `self.net`) that the scope calls a method only an nn.Module has
+    on (`model.eval()`, `net.parameters()`); nested defs and classes are not looked in."""
+    found: set[str] = set()
+    todo: list[ast.AST] = list(getattr(scope, "body", ()))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in MODULE_ONLY_METHODS
+        ):
+            key = dotted(node.func.value)
+            if key is not None:
+                found.add(key)
+        todo.extend(iter_children(node))
+    return frozenset(found)
 
 
 def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern[str]) -> list[int]:

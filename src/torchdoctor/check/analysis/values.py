@@ -71,6 +71,9 @@ class Value:
     scalar: bool = False  # TENSOR: 0-dim (mixes with tensors on any device)
     ndim: int = 0  # ARRAY: its number of dimensions, when the shape is written out (0: unknown)
     fresh: bool = False  # MODULE: constructed here, not yet moved nor registered on `self`
+    # MODULE: known only from an in-place `.to()` (pipelines and graph batches have one too):
+    # calling it gives an output of unknown kind and place
+    guessed: bool = False
     pinned: bool | None = None  # LOADER/BATCH: pin_memory=True given (None: not known)
     dropped_line: int = 0  # a `.to(...)` of this value whose result was dropped
     cls: str = ""  # MODULE: the class it was built from
@@ -127,6 +130,8 @@ def join(a: Value, b: Value) -> Value:
             changes[name] = _DEFAULTS[name]
     if "grad" in changes:
         changes["grad"] = True  # may require grad on some path
+    if "guessed" in changes:
+        changes["guessed"] = True  # a module on some paths only by the guess
     if "place" in changes:
         device_side = a if a.place is Place.DEVICE else b if b.place is Place.DEVICE else None
         other = b if device_side is a else a

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import file_flow
@@ -94,7 +95,7 @@ class FactoryWithoutDevice(Rule):
                     self._check(func, None, ff.scope(func))
                 continue
             forward = ff.methods(cls).get("forward")
-            if forward is None:
+            if forward is None or self._cpu_only_script(cls):
                 continue
             if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
                 continue
@@ -128,7 +129,7 @@ class FactoryWithoutDevice(Rule):
                     continue
             elif not m.other.is_input:
                 continue
-            if not inside or id(m.site) in moved_now:
+            if not inside or id(m.site) in moved_now or _on_no_gpu_path(m.site, func):
                 continue
             qual = self.ctx.call_name(source) or ""
             factory = qual.rsplit(".", 1)[-1]
@@ -137,6 +138,21 @@ class FactoryWithoutDevice(Rule):
                 continue
             reported.add(source)
             self.report(source, self._message(func, forward, m, qual, factory))
+
+    def _cpu_only_script(self, cls: ast.ClassDef) -> bool:
+        """A file that builds the model itself and never names a device: it stays on the
+        CPU (a model file others import is still checked: its users move it)."""
+        source = self.ctx.source
+        if any(word in source for word in _DEVICE_WORDS):
+            return False
+        return any(
+            isinstance(node, ast.Call)
+            and (
+                (isinstance(node.func, ast.Name) and node.func.id == cls.name)
+                or (isinstance(node.func, ast.Attribute) and node.func.attr == cls.name)
+            )
+            for node in ast.walk(self.ctx.tree)
+        )
 
     def _helpers(self, func: AnyFunction) -> list[AnyFunction]:
         ff = file_flow(self.ctx)
@@ -200,6 +216,31 @@ _LEGACY_DTYPES = {
     "CharTensor": ", dtype=torch.int8",
     "BoolTensor": ", dtype=torch.bool",
 }
+
+
+def _on_no_gpu_path(site: ast.AST, func: AnyFunction) -> bool:
+    """`site` runs only where the code found no GPU: the `else:` of
+    `if torch.cuda.is_available():` (or the body of `if not use_cuda:`), where the
+    model is not on one either."""
+    for node in ast.walk(func):
+        if not isinstance(node, ast.If):
+            continue
+        test, negated = node.test, False
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test, negated = test.operand, True
+        if not _GPU_TEST.search(ast.unparse(test)):
+            continue
+        branch = node.body if negated else node.orelse
+        if any(_inside(site, stmt) for stmt in branch):
+            return True
+    return False
+
+
+# A condition that asks whether a GPU is there (`torch.cuda.is_available()`, `use_cuda`).
+_GPU_TEST = re.compile(r"cuda|gpu", re.IGNORECASE)
+
+# Words of code that puts anything on a device.
+_DEVICE_WORDS = ("cuda", "device", ".to(")
 
 
 def _inside(node: ast.AST, func: ast.AST | None) -> bool:
