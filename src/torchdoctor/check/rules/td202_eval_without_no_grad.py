@@ -12,8 +12,10 @@ from torchdoctor.check.rule import Rule, Severity
 _WORDS = ("val", "test", "eval", "predict", "infer", "generate")
 _SCRIPT_WORDS = ("DataLoader", ".backward(", "zero_grad", ".eval()", "optim.")
 # Code that wants gradients on purpose: adversarial examples, saliency, gradient penalties.
+# `requires_grad=False` / `requires_grad_(False)` turn gradients off: no such wish.
 _NEEDS_GRAD = re.compile(
-    r"\.backward\(|autograd\.grad|requires_grad|enable_grad|set_grad_enabled|\.grad\b"
+    r"\.backward\(|autograd\.grad|requires_grad(?!\s*=\s*False|_\(\s*False)"
+    r"|enable_grad|set_grad_enabled|\.grad\b"
 )
 
 
