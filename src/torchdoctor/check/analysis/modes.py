@@ -223,6 +223,30 @@ class ModeInterpreter(ModeCore):
                 )
             else:
                 slot.origins = slot.origins | origins
+        if not frame.no_grad:
+            # its output may reach a backward() here (`loss = compute_loss(model, batch)`)
+            ran = {mapping[k] for k in summary.runs if k in mapping}
+            state.forwarded = state.forwarded | ran
+        if frame.region is not None:
+            # a helper that runs the model, called from evaluation code: the run belongs to
+            # the caller's region (and to its grad mode)
+            for ckey, line in summary.runs.items():
+                mine = mapping.get(ckey)
+                if mine is None or id(call) in self.forwards:
+                    continue
+                self.forwards[id(call)] = ForwardCall(
+                    call,
+                    mine,
+                    self.get(state, mine),
+                    frame.region,
+                    frame.region_node,
+                    frame.no_grad,
+                    frame.grad_switch,
+                    frame.loop_depth > 0,
+                    frame.loop_node,
+                    via=callee,
+                    inner_line=line,
+                )
         for ckey in summary.trains:
             mine = mapping.get(ckey)
             if mine is None:
@@ -285,7 +309,7 @@ class ModeInterpreter(ModeCore):
                     bound[kw.arg] = key
         callee_locals = callee.local_names()
         mapping: dict[str, str] = {}
-        keys = set(summary.exit) | set(summary.evals) | set(summary.trains)
+        keys = set(summary.exit) | set(summary.evals) | set(summary.trains) | set(summary.runs)
         for ckey in keys:
             head, _, rest = ckey.partition(".")
             if head in bound:
