@@ -60,6 +60,7 @@ class Event:
     target: str | None = None  # scaler.step(opt) / unscale_(opt): the optimizer key
     no_grad: bool = False
     autocast: ast.AST | None = None  # the innermost autocast `with`
+    via: str | None = None  # backward: run inside this function of the file, given `expr`
 
     @property
     def line(self) -> int:
@@ -213,7 +214,7 @@ def invariant_guards(event: Event, other: Event, loop: ast.AST) -> list[Branch]:
         if any(
             o.label == b.label
             and isinstance(o.node, ast.If)
-            and (o.node is b.node or ast.dump(o.node.test) == ast.dump(b.node.test))
+            and (o.node is b.node or ast.unparse(o.node.test) == ast.unparse(b.node.test))
             for o in other.chain
         ):
             continue  # `other` runs under the same test (`if not frozen:` twice)

@@ -77,7 +77,6 @@ class MissingZeroGrad(Rule):
     category = "training"
     severity = Severity.WARNING
     triggers: ClassVar[tuple[str, ...]] = ("backward",)
-    _only_when: tuple[Event, list[Branch]] | None = None  # set by _zeroes for the message
 
     def finish(self) -> None:
         if not is_torch_file(self.ctx.source):
@@ -96,7 +95,8 @@ class MissingZeroGrad(Rule):
                 if loop is None or slot in done:
                     continue
                 done.add(slot)
-                if self._zeroes(fl, fi, events, loop, step):
+                only_when: list[tuple[Event, list[Branch]]] = []
+                if self._zeroes(fl, fi, events, loop, step, only_when):
                     continue
                 backward = next(e for e in events if e.kind == BACKWARD and e.in_loop(loop))
                 optimizer = step.subject if step.kind == STEP else step.target
@@ -112,8 +112,8 @@ class MissingZeroGrad(Rule):
                     else ""
                 )
                 nothing = "nothing in the loop zeroes the gradients"
-                if self._only_when is not None:
-                    zero, guards = self._only_when
+                if only_when:
+                    zero, guards = only_when[0]
                     test = ast.unparse(guards[0].node.test)  # type: ignore[attr-defined]
                     holds = "false" if guards[0].label == "body" else "true"
                     nothing = (
@@ -132,15 +132,21 @@ class MissingZeroGrad(Rule):
                 )
 
     def _zeroes(
-        self, fl: FileLoops, fi: FunctionInfo, events: list[Event], loop: ast.AST, step: Event
+        self,
+        fl: FileLoops,
+        fi: FunctionInfo,
+        events: list[Event],
+        loop: ast.AST,
+        step: Event,
+        only_when: list[tuple[Event, list[Branch]]],
     ) -> bool:
-        """Whether anything in `loop` may zero (or reset) the gradients."""
+        """Whether anything in `loop` may zero (or reset) the gradients on every pass; if a
+        zeroing runs only under a fixed test, it goes to `only_when` (for the message)."""
         loop_text = self.ctx.segment(loop)
         optimizer = step.subject if step.kind == STEP else step.target
         if optimizer is not None and re.search(re.escape(optimizer) + r"\s*=[^=]", loop_text):
             return True  # a fresh optimizer (over fresh tensors) on every pass
         optimizers = {e.subject if e.kind == STEP else e.target for e in events} - {None}
-        self._only_when = None
         guarded: list[tuple[Event, list[Branch]]] = []
         for event in events:
             if not event.in_loop(loop):
@@ -190,7 +196,7 @@ class MissingZeroGrad(Rule):
             branches = {(id(b.node), b.label) for _, guards in guarded for b in guards}
             if any((i, "body") in branches and (i, "orelse") in branches for i, _ in branches):
                 return True  # zeroed in both branches of one test: every pass is covered
-            self._only_when = guarded[0]
+            only_when.append(guarded[0])
         return False
 
 
