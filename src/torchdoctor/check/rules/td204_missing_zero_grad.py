@@ -158,7 +158,16 @@ class MissingZeroGrad(Rule):
             ):
                 # this optimizer's zero_grad, p.grad = None, model.zero_grad() -- unless a
                 # test that holds for the whole loop (`if args.moe:`) keeps it from the step
-                guards = invariant_guards(event, step, loop)
+                guards = [
+                    g
+                    for g in invariant_guards(event, step, loop)
+                    # `if optimizer is not None:`: where it fails, the step cannot run either
+                    if optimizer is None
+                    or not re.search(
+                        r"\b" + re.escape(optimizer) + r"\b",
+                        ast.unparse(g.node.test),  # type: ignore[attr-defined]
+                    )
+                ]
                 if not guards:
                     return True
                 guarded.append((event, guards))
