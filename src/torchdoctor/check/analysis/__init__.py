@@ -55,8 +55,13 @@ interpreters see the per-file objects above them only through protocols):
 - `project_facts` cross-file call facts (what other files pass to a function) and
                   `build_project`, the ProjectIndex of a whole run
 - `names`, `grad_contexts`, `events`, `functions`, `event_collector`: training-loop
-                  vocabulary, no_grad/autocast contexts, events and their order
+                  vocabulary, no_grad/autocast contexts, events and their order; a call of
+                  the file's function that runs backward() on a parameter is a backward
+                  event of its argument (`Event.via`: a loop split across two functions)
 - `mode_state` < `mode_core` < `modes`   the train/eval mode interpreter and summaries
+                  (what a callee leaves each model in, its evaluation runs, its training
+                  steps, and its plain runs of a model it is given, which belong to the
+                  caller's evaluation region and count as runs before the caller's backward())
 - `loop_index` < `file_loops`   one file's training-loop facts, calls resolved to the
                   file's functions and to sibling modules it imports
 """

@@ -108,6 +108,30 @@ class _EventCollector:
         self.fi = fi
         self.events: list[Event] = []
         self.autocast_names = fl.autocast_names()
+        # calls of this file's functions that run backward() on what they are given
+        self.helpers = "backward(" in self.ctx.source
+
+    def _helper_backward(
+        self, call: ast.Call, kind: str, info: dict[str, object]
+    ) -> tuple[str, dict[str, object]]:
+        """`self._backward(loss, opt)` whose body runs `loss.backward()`: a backward of the
+        argument here (the training loop is split across the two functions)."""
+        resolved = self.fl.resolve(self.fi, call, other_files=False)
+        if resolved is None or resolved[0] is self.fi:
+            return kind, info
+        callee = resolved[0]
+        wanted = self.fl.backward_params(callee)
+        if not wanted:
+            return kind, info
+        for name, arg in zip(callee.params(), call.args, strict=False):
+            if isinstance(arg, ast.Starred):
+                break
+            if name in wanted:
+                return BACKWARD, {"expr": arg, "via": callee.label}
+        for kw in call.keywords:
+            if kw.arg in wanted:
+                return BACKWARD, {"expr": kw.value, "via": callee.label}
+        return kind, info
 
     def run(self) -> list[Event]:
         no_grad = not self.fi.is_module and is_no_grad_decorated(self.ctx, self.fi.node)  # type: ignore[arg-type]
@@ -144,6 +168,8 @@ class _EventCollector:
                 continue
             for call in post_order_calls(node):
                 kind, info = classify_call(self.ctx, call)
+                if kind == CALL and self.helpers:
+                    kind, info = self._helper_backward(call, kind, info)
                 self.events.append(
                     Event(
                         kind,
@@ -155,6 +181,7 @@ class _EventCollector:
                         target=info.get("target"),  # type: ignore[arg-type]
                         no_grad=no_grad,
                         autocast=autocast,
+                        via=info.get("via"),  # type: ignore[arg-type]
                     )
                 )
 

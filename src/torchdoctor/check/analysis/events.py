@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.names import LoopNode
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import (
     walk,
 )
@@ -59,6 +60,7 @@ class Event:
     target: str | None = None  # scaler.step(opt) / unscale_(opt): the optimizer key
     no_grad: bool = False
     autocast: ast.AST | None = None  # the innermost autocast `with`
+    via: str | None = None  # backward: run inside this function of the file, given `expr`
 
     @property
     def line(self) -> int:
@@ -195,3 +197,57 @@ def modulo_test(test: ast.expr) -> ast.BinOp | None:
                 continue  # "%s" % x
             return node
     return None
+
+
+def invariant_guards(event: Event, other: Event, loop: ast.AST) -> list[Branch]:
+    """The `if` branches between `loop` and `event` that `other` is not in and whose test
+    cannot change from pass to pass (`if args.moe:` -- not `if i % k == 0`, not a call):
+    on the passes where such a test goes the other way, `event` does not run."""
+    found: list[Branch] = []
+    inside = False
+    for b in event.chain:
+        if b.node is loop:
+            inside = True
+            continue
+        if not inside or not isinstance(b.node, ast.If):
+            continue
+        if any(
+            o.label == b.label
+            and isinstance(o.node, ast.If)
+            and (o.node is b.node or ast.unparse(o.node.test) == ast.unparse(b.node.test))
+            for o in other.chain
+        ):
+            continue  # `other` runs under the same test (`if not frozen:` twice)
+        if loop_invariant(b.node.test, loop):
+            found.append(b)
+    return found
+
+
+def loop_invariant(test: ast.expr, loop: ast.AST) -> bool:
+    """No call in `test`, and no name it reads is assigned anywhere in `loop`."""
+    read: set[str] = set()
+    for node in walk(test):
+        if isinstance(node, ast.Call | ast.Await | ast.NamedExpr):
+            return False
+        if isinstance(node, ast.Name | ast.Attribute):
+            text = dotted(node)
+            if text is not None:
+                read.add(text)
+    if not read:
+        return False
+    for node in walk(loop):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
+            targets = [node.target]
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            targets = [node.optional_vars]
+        for target in targets:
+            for t in walk(target):
+                text = dotted(t) if isinstance(t, ast.Name | ast.Attribute) else None
+                if text is not None and any(
+                    r == text or r.startswith(text + ".") or text.startswith(r + ".") for r in read
+                ):
+                    return False
+    return True

@@ -10,10 +10,10 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.event_collector import _EventCollector
-from torchdoctor.check.analysis.events import CALL, Event
+from torchdoctor.check.analysis.event_collector import _EventCollector, classify_call
+from torchdoctor.check.analysis.events import BACKWARD, CALL, SCALER_STEP, STEP, ZERO, Event
 from torchdoctor.check.analysis.functions import FunctionInfo
-from torchdoctor.check.analysis.grad_contexts import _MISSING, _MODE_SENSITIVE
+from torchdoctor.check.analysis.grad_contexts import _MISSING, _MODE_SENSITIVE, post_order_calls
 from torchdoctor.check.analysis.loop_index import LoopIndex
 from torchdoctor.check.analysis.mode_state import ModeResult, Summary
 from torchdoctor.check.analysis.modes import ModeInterpreter
@@ -37,6 +37,7 @@ class FileLoops(LoopIndex):
         self._events: dict[int, list[Event]] = {}
         self._modes: dict[int, ModeResult] = {}
         self._summaries: dict[int, Summary | None] = {}
+        self._backward_params: dict[int, frozenset[str]] = {}
 
     def release(self) -> None:
         """Break the cycles (each function refers to this file, callers to callees,
@@ -212,6 +213,32 @@ class FileLoops(LoopIndex):
                 if other is not None and func.attr in other.top:
                     return other.top[func.attr], False
         return None
+
+    def backward_params(self, fi: FunctionInfo) -> frozenset[str]:
+        """Parameters `fi` runs backward() on itself (`def _backward(self, loss, opt):
+        loss.backward()`) and that it neither steps nor zeroes for: a call of it is that
+        backward() in its caller's loop."""
+        found = self._backward_params.get(id(fi))
+        if found is None:
+            found = frozenset()
+            if not fi.is_module and "backward(" in fi.text:
+                params = set(fi.params())
+                names: set[str] = set()
+                for stmt in fi.own_statements():
+                    for call in post_order_calls(stmt):
+                        kind, info = classify_call(self.ctx, call)
+                        if kind in (STEP, SCALER_STEP, ZERO):
+                            names = set()
+                            break
+                        expr = info.get("expr")
+                        if kind == BACKWARD and isinstance(expr, ast.Name) and expr.id in params:
+                            names.add(expr.id)
+                    else:
+                        continue
+                    break
+                found = frozenset(names)
+            self._backward_params[id(fi)] = found
+        return found
 
     # -- lazily computed per function -------------------------------------------------
     def events(self, fi: FunctionInfo) -> list[Event]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
 
 from torchdoctor.check.analysis.functions import FunctionInfo
@@ -128,6 +128,9 @@ class Summary:
     trains: dict[str, tuple[int, str]]  # key -> (line, what) of a training step in caller's mode
     file: LoopFacts
     name: str
+    # key -> line of a plain run (no evaluation region, gradients on) of a model it is given,
+    # in the caller's mode: a helper (`forward_step(model, batch)`) the caller's region owns
+    runs: dict[str, int] = field(default_factory=dict)
 
 
 class LoopFacts(Protocol):
@@ -150,6 +153,8 @@ class LoopFacts(Protocol):
         self, fi: FunctionInfo, call: ast.Call, *, other_files: bool = True
     ) -> tuple[FunctionInfo, bool] | None: ...
     def summary(self, fi: FunctionInfo) -> Summary | None: ...
+    def backward_params(self, fi: FunctionInfo) -> frozenset[str]: ...
+    def all_functions(self) -> list[FunctionInfo]: ...
 
 
 @dataclass
@@ -176,11 +181,23 @@ class ModeResult:
         for ts in self.steps:
             if _ENTRY in ts.origins:
                 trains.setdefault(ts.key, (getattr(ts.node, "lineno", 0), ts.what))
+        runs: dict[str, int] = {}
+        for fc in self.forwards:
+            if (
+                fc.region is None
+                and fc.via is None
+                and not fc.no_grad
+                and not fc.grad_switch
+                and _ENTRY in fc.origins
+                and fc.key not in self.mode_set
+                and fc.key not in trains
+            ):
+                runs.setdefault(fc.key, fc.node.lineno)
         if self.budget_exceeded:
-            evals, trains = {}, {}
+            evals, trains, runs = {}, {}, {}
         # every FunctionInfo's file is a FileLoops, which has all of LoopFacts
         file = cast(LoopFacts, self.fi.file)
-        return Summary(exit_modes, evals, trains, file, self.fi.label)
+        return Summary(exit_modes, evals, trains, file, self.fi.label, runs)
 
 
 _BUDGET = 20_000  # statements interpreted per function, loops included

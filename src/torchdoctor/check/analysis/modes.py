@@ -9,7 +9,11 @@ from typing import TYPE_CHECKING, cast
 from torchdoctor.check.analysis.event_collector import classify_call
 from torchdoctor.check.analysis.events import BACKWARD, CALL, SCALER_STEP, STEP
 from torchdoctor.check.analysis.functions import FunctionInfo
-from torchdoctor.check.analysis.grad_contexts import _MODE_SAFE_FUNCTIONS, _MODE_SAFE_METHODS
+from torchdoctor.check.analysis.grad_contexts import (
+    _MODE_SAFE_FUNCTIONS,
+    _MODE_SAFE_METHODS,
+    is_no_grad_decorated,
+)
 from torchdoctor.check.analysis.mode_core import ModeCore
 from torchdoctor.check.analysis.mode_state import (
     _SELF_ANY,
@@ -29,7 +33,7 @@ from torchdoctor.check.analysis.mode_state import (
     _train_arg,
     chain_root,
 )
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import dotted, words
 
 if TYPE_CHECKING:
     pass
@@ -84,6 +88,17 @@ class ModeInterpreter(ModeCore):
         ):
             self._forward(call, key, state, frame)
             return
+        if (
+            isinstance(func, ast.Attribute)
+            and key is not None
+            and key == dotted(func.value)
+            and _inference_method(func.attr)
+            and self._is_model(key, state)
+            and not self._no_grad_method(func.attr)
+        ):
+            # `self.model.predict(batch)`: a model's own inference method runs its layers
+            self._forward(call, key, state, frame)
+            return
         passes_model = any(
             (k := dotted(a.value if isinstance(a, ast.Starred) else a)) is not None
             and self._is_model(k, state)
@@ -105,6 +120,19 @@ class ModeInterpreter(ModeCore):
                 self._apply_summary(call, callee, as_method, summary, state, frame)
                 return
         self._unknown_call(call, state)
+
+    def _no_grad_method(self, name: str) -> bool:
+        """A method of that name in this file turns gradients off itself."""
+        return any(
+            fi.name == name
+            and (
+                "no_grad" in fi.text
+                or "inference_mode" in fi.text
+                or is_no_grad_decorated(self.ctx, fi.node)  # type: ignore[arg-type]
+            )
+            for fi in self.fl.all_functions()
+            if not fi.is_module
+        )
 
     def _mentions_global_model(self, callee: FunctionInfo) -> bool:
         text = callee.text
@@ -223,6 +251,30 @@ class ModeInterpreter(ModeCore):
                 )
             else:
                 slot.origins = slot.origins | origins
+        if not frame.no_grad:
+            # its output may reach a backward() here (`loss = compute_loss(model, batch)`)
+            ran = {mapping[k] for k in summary.runs if k in mapping}
+            state.forwarded = state.forwarded | ran
+        if frame.region is not None:
+            # a helper that runs the model, called from evaluation code: the run belongs to
+            # the caller's region (and to its grad mode)
+            for ckey, line in summary.runs.items():
+                mine = mapping.get(ckey)
+                if mine is None or id(call) in self.forwards:
+                    continue
+                self.forwards[id(call)] = ForwardCall(
+                    call,
+                    mine,
+                    self.get(state, mine),
+                    frame.region,
+                    frame.region_node,
+                    frame.no_grad,
+                    frame.grad_switch,
+                    frame.loop_depth > 0,
+                    frame.loop_node,
+                    via=callee,
+                    inner_line=line,
+                )
         for ckey in summary.trains:
             mine = mapping.get(ckey)
             if mine is None:
@@ -285,7 +337,7 @@ class ModeInterpreter(ModeCore):
                     bound[kw.arg] = key
         callee_locals = callee.local_names()
         mapping: dict[str, str] = {}
-        keys = set(summary.exit) | set(summary.evals) | set(summary.trains)
+        keys = set(summary.exit) | set(summary.evals) | set(summary.trains) | set(summary.runs)
         for ckey in keys:
             head, _, rest = ckey.partition(".")
             if head in bound:
@@ -302,3 +354,9 @@ class ModeInterpreter(ModeCore):
                 # a global of the callee's module: the same name here if it is global here
                 mapping[ckey] = ckey
         return mapping
+
+
+def _inference_method(name: str) -> bool:
+    """`predict`, `full_sort_predict`, `inference` -- not `generate` (Hugging Face's runs
+    under no_grad itself) nor `evaluate` (framework loops that set modes themselves)."""
+    return any(w in ("predict", "inference", "infer") for w in words(name))

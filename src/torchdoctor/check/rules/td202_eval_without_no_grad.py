@@ -12,8 +12,10 @@ from torchdoctor.check.rule import Rule, Severity
 _WORDS = ("val", "test", "eval", "predict", "infer", "generate")
 _SCRIPT_WORDS = ("DataLoader", ".backward(", "zero_grad", ".eval()", "optim.")
 # Code that wants gradients on purpose: adversarial examples, saliency, gradient penalties.
+# `requires_grad=False` / `requires_grad_(False)` turn gradients off: no such wish.
 _NEEDS_GRAD = re.compile(
-    r"\.backward\(|autograd\.grad|requires_grad|enable_grad|set_grad_enabled|\.grad\b"
+    r"\.backward\(|autograd\.grad|requires_grad(?!\s*=\s*False|_\(\s*False)"
+    r"|enable_grad|set_grad_enabled|\.grad\b"
 )
 
 
@@ -85,8 +87,12 @@ class EvalWithoutNoGrad(Rule):
                 continue
             seen: set[str] = set()
             for fc in fl.modes(fi).forwards:
-                if fc.via is not None or fc.no_grad or fc.grad_switch or fc.key in seen:
+                if fc.no_grad or fc.grad_switch or fc.key in seen:
                     continue
+                if fc.via is not None and (
+                    fc.region_node is fc.via.node or _NEEDS_GRAD.search(fc.via.text)
+                ):
+                    continue  # evaluation code of its own (reported there), or wants gradients
                 if fc.key.split(".", 1)[0] == "self" and _in_module_class(self, fi):
                     continue  # a model's own inference API: its caller picks the grad mode
                 after_eval = (
@@ -114,9 +120,15 @@ class EvalWithoutNoGrad(Rule):
                     where = f"after {min(fc.origins, key=lambda o: o.line).what}"
                 else:
                     where = f"in evaluation code ({_region(fi, fc.region_node)})"
+                runs = (
+                    f"`{fc.key}` runs"
+                    if fc.via is None
+                    else f"`{self.ctx.segment(fc.node.func)}()` runs `{fc.key}` (line "
+                    f"{fc.inner_line} of {fc.via.label})"
+                )
                 self.report(
                     fc.node,
-                    f"`{fc.key}` runs {where} with gradients on: autograd keeps every "
+                    f"{runs} {where} with gradients on: autograd keeps every "
                     "activation of this forward pass alive for a backward() that never "
                     "comes; `model.eval()` does not turn gradients off",
                     hint="wrap it in `with torch.no_grad():` (or `torch.inference_mode()`), "

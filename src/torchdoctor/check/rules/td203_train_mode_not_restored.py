@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import ast
 from typing import ClassVar
 
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.mode_state import EVAL
-from torchdoctor.check.analysis.names import is_torch_file
+from torchdoctor.check.analysis.names import is_eval_name, is_torch_file
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.rule import Rule, Severity
 
 
@@ -17,7 +19,11 @@ class TrainModeNotRestored(Rule):
     called `train_one_epoch()`), then put into eval mode (`model.eval()`, directly
     or inside a called `evaluate()` / `validate()`), and the loop comes back to the
     training step with no `model.train()` on the way. It follows calls within the
-    file and into sibling files (`from engine import evaluate`).
+    file and into sibling files (`from engine import evaluate`). An evaluation
+    routine called *before* a training step -- `self.validate()` every N batches,
+    a baseline `evaluate(model)` before the epoch loop -- that leaves the model in
+    eval mode is reported too; a direct `model.eval()` before training is not
+    (fine-tuning with BatchNorm frozen does that on purpose).
 
     ## Why is this bad?
     Only the first epoch trains in training mode. From the second epoch on,
@@ -74,16 +80,34 @@ class TrainModeNotRestored(Rule):
                     continue  # no Dropout/BatchNorm: eval mode changes nothing in training
                 step_line = getattr(step.node, "lineno", 0)
                 for origin in sorted(step.origins, key=lambda o: o.line):
-                    if origin.mode != EVAL or origin.line <= step_line or origin.node is None:
+                    if origin.mode != EVAL or origin.node is None:
                         continue
+                    if origin.line <= step_line and not _evaluation_call(origin.node):
+                        continue  # a direct eval() before training may freeze BatchNorm on purpose
                     if id(origin.node) in reported:
                         continue
                     reported.add(id(origin.node))
+                    then = (
+                        f"the loop comes back to {step.what} at line {step_line}, which"
+                        if origin.line > step_line
+                        else f"{step.what} at line {step_line} then"
+                    )
                     self.report(
                         origin.node,
-                        f"{origin.what} is never undone: the loop comes back to {step.what} "
-                        f"at line {step_line}, which trains `{step.key}` in eval mode "
+                        f"{origin.what} is never undone: {then} trains `{step.key}` in eval mode "
                         "(Dropout off, BatchNorm frozen to its running statistics)",
                         hint=f"call `{step.key}.train()` at the start of each epoch or after "
                         "evaluating",
                     )
+
+
+def _evaluation_call(node: ast.AST) -> bool:
+    """`self.validate()`, `evaluate(model, loader)`: an evaluation routine the training code
+    calls, which left the model in eval mode (an origin a callee's summary reports)."""
+    if not isinstance(node, ast.Call):
+        return False
+    name = dotted(node.func)
+    if name is None:
+        return False
+    last = name.rsplit(".", 1)[-1]
+    return last not in ("eval", "train") and is_eval_name(last)

@@ -4,7 +4,16 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check.analysis.events import BACKWARD, CALL, SCALER_STEP, STEP, ZERO, Event
+from torchdoctor.check.analysis.events import (
+    BACKWARD,
+    CALL,
+    SCALER_STEP,
+    STEP,
+    ZERO,
+    Branch,
+    Event,
+    invariant_guards,
+)
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis, file_of
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
@@ -86,7 +95,8 @@ class MissingZeroGrad(Rule):
                 if loop is None or slot in done:
                     continue
                 done.add(slot)
-                if self._zeroes(fl, fi, events, loop, step):
+                only_when: list[tuple[Event, list[Branch]]] = []
+                if self._zeroes(fl, fi, events, loop, step, only_when):
                     continue
                 backward = next(e for e in events if e.kind == BACKWARD and e.in_loop(loop))
                 optimizer = step.subject if step.kind == STEP else step.target
@@ -101,26 +111,43 @@ class MissingZeroGrad(Rule):
                     if before
                     else ""
                 )
+                nothing = "nothing in the loop zeroes the gradients"
+                if only_when:
+                    zero, guards = only_when[0]
+                    test = ast.unparse(guards[0].node.test)  # type: ignore[attr-defined]
+                    holds = "false" if guards[0].label == "body" else "true"
+                    nothing = (
+                        f"`{self.ctx.segment(zero.node)}` at line {zero.line} is skipped on "
+                        f"every pass where `{test}` is {holds}, and nothing else zeroes the "
+                        "gradients"
+                    )
                 self.report(
                     step.node,
                     f"`{self.ctx.segment(step.node)}` at line {step.line} follows "
                     f"`{self.ctx.segment(backward.node)}` at line {backward.line} on every "
-                    f"pass of the loop at line {loop.lineno}, but nothing in the loop "  # type: ignore[attr-defined]
-                    f"zeroes the gradients: each step applies the sum of all gradients so "
-                    f"far{once}",
+                    f"pass of the loop at line {loop.lineno}, but {nothing}: "  # type: ignore[attr-defined]
+                    f"each step applies the sum of all gradients so far{once}",
                     hint=f"call `{optimizer or 'optimizer'}.zero_grad()` once per step, "
                     "e.g. at the top of the loop",
                 )
 
     def _zeroes(
-        self, fl: FileLoops, fi: FunctionInfo, events: list[Event], loop: ast.AST, step: Event
+        self,
+        fl: FileLoops,
+        fi: FunctionInfo,
+        events: list[Event],
+        loop: ast.AST,
+        step: Event,
+        only_when: list[tuple[Event, list[Branch]]],
     ) -> bool:
-        """Whether anything in `loop` may zero (or reset) the gradients."""
+        """Whether anything in `loop` may zero (or reset) the gradients on every pass; if a
+        zeroing runs only under a fixed test, it goes to `only_when` (for the message)."""
         loop_text = self.ctx.segment(loop)
         optimizer = step.subject if step.kind == STEP else step.target
         if optimizer is not None and re.search(re.escape(optimizer) + r"\s*=[^=]", loop_text):
             return True  # a fresh optimizer (over fresh tensors) on every pass
         optimizers = {e.subject if e.kind == STEP else e.target for e in events} - {None}
+        guarded: list[tuple[Event, list[Branch]]] = []
         for event in events:
             if not event.in_loop(loop):
                 continue
@@ -129,7 +156,22 @@ class MissingZeroGrad(Rule):
                 or event.subject == optimizer
                 or event.subject not in optimizers
             ):
-                return True  # this optimizer's zero_grad, p.grad = None, model.zero_grad()
+                # this optimizer's zero_grad, p.grad = None, model.zero_grad() -- unless a
+                # test that holds for the whole loop (`if args.moe:`) keeps it from the step
+                guards = [
+                    g
+                    for g in invariant_guards(event, step, loop)
+                    # `if optimizer is not None:`: where it fails, the step cannot run either
+                    if optimizer is None
+                    or not re.search(
+                        r"\b" + re.escape(optimizer) + r"\b",
+                        ast.unparse(g.node.test),  # type: ignore[attr-defined]
+                    )
+                ]
+                if not guards:
+                    return True
+                guarded.append((event, guards))
+                continue
             if event.kind != CALL:
                 continue
             call = event.node
@@ -153,11 +195,18 @@ class MissingZeroGrad(Rule):
             ):
                 return True  # handed to code we cannot see
         # a closure defined in the loop (LBFGS) or code we do not see as events
-        return any(
+        if any(
             isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
             and mentions_zeroing(self.ctx.segment(node))
             for node in walk(loop)
-        )
+        ):
+            return True
+        if guarded:
+            branches = {(id(b.node), b.label) for _, guards in guarded for b in guards}
+            if any((i, "body") in branches and (i, "orelse") in branches for i, _ in branches):
+                return True  # zeroed in both branches of one test: every pass is covered
+            only_when.append(guarded[0])
+        return False
 
 
 def _training_loop(events: list[Event], step: Event) -> ast.AST | None:

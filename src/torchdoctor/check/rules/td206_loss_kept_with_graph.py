@@ -85,8 +85,9 @@ class LossKeptWithGraph(Rule):
         if not is_torch_file(self.ctx.source):
             return
         fl = analysis(self.ctx)
+        helpers = any(fl.backward_params(fi) for fi in fl.all_functions())
         for fi in fl.all_functions():
-            if not _may_accumulate_a_loss(fi.text):
+            if not _may_accumulate_a_loss(fi.text, helpers):
                 continue
             events = [e for e in fl.events(fi) if e.kind == BACKWARD and e.expr is not None]
             if not events:
@@ -143,7 +144,9 @@ class LossKeptWithGraph(Rule):
         events: list[Event],
     ) -> None:
         back = next((e for e in events if culprit in _loss_names(e) and e.in_loop(loop)), None)
-        if back is not None:
+        if back is not None and back.via is not None:
+            proof = f" (`{self.ctx.segment(back.node)}` at line {back.line} runs its `backward()`)"
+        elif back is not None:
             proof = f" (its `backward()` is at line {back.line})"
         else:
             proof = " (computed with gradients on)"
@@ -207,13 +210,14 @@ def _summands(node: ast.expr) -> set[str]:
     return set()
 
 
-def _may_accumulate_a_loss(text: str) -> bool:
-    """A cheap text test: a backward call (not just a `def backward(` line), a loop, and
+def _may_accumulate_a_loss(text: str, helpers: bool) -> bool:
+    """A cheap text test: a backward call (not just a `def backward(` line; or a call of
+    one of the file's `helpers` that run backward() on what they are given), a loop, and
     an accumulation (`+=`, `a = a + v`, `.append(`) may all be in this function."""
     body = line_end(text, 0)
     return (
         body < len(text)
-        and text.find("backward(", body) >= 0
+        and (helpers or text.find("backward(", body) >= 0)
         and ("for " in text or "while " in text)
         and ("+" in text or "append(" in text)
     )

@@ -89,7 +89,8 @@ class AccumulationNotScaled(Rule):
             if _SUM_REDUCTION.search(text):
                 continue
             accelerate_divides = bool(_ACCELERATOR_ACCUMULATES.search(self.ctx.source))
-            events = fl.events(fi)
+            # a helper's backward(): it may scale the loss itself (`loss *= 1 / k` inside)
+            events = [e for e in fl.events(fi) if e.via is None]
             reported: set[int] = set()
             for step in events:
                 if step.kind not in (STEP, SCALER_STEP):

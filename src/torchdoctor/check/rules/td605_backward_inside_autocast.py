@@ -62,6 +62,8 @@ class BackwardInsideAutocast(Rule):
             if "backward" not in fi.text:
                 continue
             for event in fl.events(fi):
+                if event.via is not None:
+                    continue  # a helper's backward(): reported where it is written
                 if event.kind != BACKWARD or event.autocast is None:
                     continue
                 block = event.autocast

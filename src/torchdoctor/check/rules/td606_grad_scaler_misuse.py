@@ -78,7 +78,8 @@ class GradScalerMisuse(Rule):
             text = fi.text
             if ".scale(" not in text and "scaler" not in text:
                 continue
-            events = fl.events(fi)
+            # a helper's backward() may scale the loss itself: only backward()s written here
+            events = [e for e in fl.events(fi) if e.via is None]
             scaled = [e for e in events if e.kind == BACKWARD and e.scaler is not None]
             reported: set[int] = set()
             for backward in scaled:
