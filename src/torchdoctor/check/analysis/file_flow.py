@@ -235,6 +235,7 @@ class FileFlow(FileIndex):
                     assumed=True,
                     is_input=True,
                     grad=value.kind is Kind.PARAMETER,
+                    cls=value.cls,
                 )
             seeds[f"{self_name}.{attr}"] = value
         return seeds

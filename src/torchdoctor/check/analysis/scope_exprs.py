@@ -28,6 +28,9 @@ from torchdoctor.check.analysis.values import (
 if TYPE_CHECKING:
     pass
 
+# module containers whose iteration gives their layers (a ModuleDict gives its keys)
+_MODULE_SEQUENCES = frozenset({"ModuleList", "Sequential"})
+
 
 class ScopeExprs(ScopeCore):
     """Evaluates expressions other than calls."""
@@ -317,6 +320,11 @@ class ScopeExprs(ScopeCore):
             )
         if kind is Kind.BATCH:
             return dataclasses.replace(iterable, part=True)
+        if kind is Kind.MODULE and iterable.cls in _MODULE_SEQUENCES:
+            # `for head in self.heads` over an nn.ModuleList: its layers, wherever it is
+            return dataclasses.replace(
+                iterable, cls="", name=f"layer of `{iterable.name}`" if iterable.name else ""
+            )
         if kind is Kind.TENSOR and iterable.place is not Place.UNKNOWN:
             return dataclasses.replace(iterable, scalar=False, output=False)
         if kind is Kind.UNKNOWN and node is not None and iterable.place is Place.UNKNOWN:
