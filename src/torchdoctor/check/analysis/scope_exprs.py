@@ -28,6 +28,31 @@ from torchdoctor.check.analysis.values import (
 if TYPE_CHECKING:
     pass
 
+# tensor methods that return a (values, indices) pair (with a `dim`, for max/min/median)
+_PAIR_METHODS = frozenset({"sort", "topk", "kthvalue", "mode", "aminmax"})
+_PAIR_WITH_DIM = frozenset({"max", "min", "median", "nanmedian"})
+
+
+def _pair_result(node: ast.expr) -> bool:
+    """`x.max(1)`, `x.sort()`, `torch.topk(x, k)`: a call that returns two tensors."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        return False
+    name = node.func.attr
+    if name in _PAIR_METHODS:
+        return True
+    if name not in _PAIR_WITH_DIM:
+        return False
+    if any(kw.arg == "dim" for kw in node.keywords):
+        return True
+    # `x.max(1)`, `torch.max(x, -1)`: a dimension; `x.max(y)` is elementwise
+    torch_form = isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+    args = node.args[1:] if torch_form else node.args
+    dim = args[0] if args else None
+    if isinstance(dim, ast.UnaryOp) and isinstance(dim.op, ast.USub):
+        dim = dim.operand
+    return isinstance(dim, ast.Constant) and type(dim.value) is int
+
+
 # module containers whose iteration gives their layers (a ModuleDict gives its keys)
 _MODULE_SEQUENCES = frozenset({"ModuleList", "Sequential"})
 
@@ -135,8 +160,9 @@ class ScopeExprs(ScopeCore):
                 is_input=base.is_input,
             )
         if kind in (Kind.TENSOR, Kind.PARAMETER):
-            # an integer index may leave a 0-dim tensor, which mixes with any device
-            point = not isinstance(index, ast.Slice | ast.Tuple)
+            # an integer index may leave a 0-dim tensor, which mixes with any device;
+            # not when it picks a tensor of a (values, indices) pair: `x.max(1)[1]`
+            point = not isinstance(index, ast.Slice | ast.Tuple) and not _pair_result(node.value)
             return dataclasses.replace(
                 base, kind=Kind.TENSOR, scalar=base.scalar or point, output=base.output
             )
