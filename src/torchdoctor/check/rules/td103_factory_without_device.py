@@ -3,7 +3,7 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch, Place
@@ -71,6 +71,8 @@ class FactoryWithoutDevice(Rule):
         ff = file_flow(self.ctx)
         # a value proven on the device comes from a move or a `device=` in this file
         moves = any(m in self.ctx.source for m in (".to(", ".cuda(", "device="))
+        # a file that never names a device
+        devices = moves or any(w in self.ctx.source for w in ("cuda", "device", "accelerat"))
         for func in ff.functions():
             cls = ff.class_of(func)
             if cls is None or not ff.is_module_class(cls):
@@ -87,6 +89,8 @@ class FactoryWithoutDevice(Rule):
             forward = ff.methods(cls).get("forward")
             if forward is None:
                 continue
+            if not devices and _runs_here(ff, cls):
+                continue  # a CPU-only script running its own model: it never meets a GPU
             if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
                 continue
             if not ff.mentions(func, "torch.", *FACTORIES, *LEGACY_CONSTRUCTORS):
@@ -204,3 +208,11 @@ def _inside(node: ast.AST, func: ast.AST | None) -> bool:
 def _first_input(func: AnyFunction) -> str:
     params = [*func.args.posonlyargs, *func.args.args]
     return params[1].arg if len(params) > 1 else ""
+
+
+def _runs_here(ff: FileFlow, cls: ast.ClassDef) -> bool:
+    """Whether the file builds the module class it defines (`model = Net()`): a script."""
+    return any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == cls.name
+        for node in ast.walk(ff.ctx.tree)
+    )
