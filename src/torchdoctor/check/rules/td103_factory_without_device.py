@@ -211,8 +211,18 @@ def _first_input(func: AnyFunction) -> str:
 
 
 def _runs_here(ff: FileFlow, cls: ast.ClassDef) -> bool:
-    """Whether the file builds the module class it defines (`model = Net()`): a script."""
-    return any(
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == cls.name
-        for node in ast.walk(ff.ctx.tree)
-    )
+    """Whether the file's own top-level code (a script, its `__main__` block) builds the
+    module class it defines (`model = Net()`); not a layer other classes build."""
+    stack: list[ast.AST] = list(ff.ctx.tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == cls.name
+        ):
+            return True
+        stack.extend(ast.iter_child_nodes(node))
+    return False
