@@ -173,3 +173,18 @@ def test_stdin_cannot_be_mixed_with_paths_and_missing_paths_are_errors(
     run = td("check", "missing.py")
     assert run.code == 2
     assert run.err.strip() == "torchdoctor: error: missing.py: no such file or folder"
+
+
+def test_file_names_are_judged_inside_the_project(
+    td: CLI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A project that lives under a folder named `benchmarks` or `gpu` is not a benchmark
+    or GPU-only file (TD101 judges the path inside the project root); a `benchmarks/`
+    folder inside the project still is."""
+    root = tmp_path / "benchmarks" / "gpu-work" / "proj"
+    write(root / "train.py", "import torch\nx = torch.zeros(2).cuda()\n")
+    write(root / "benchmarks" / "speed.py", "import torch\nx = torch.zeros(2).cuda()\n")
+    monkeypatch.chdir(root)
+    run = td("check", "--isolated", "--select", "TD101", "--no-cache", "--format", "json", root)
+    found = {Path(item["filename"]).name for item in json.loads(run.out)}
+    assert found == {"train.py"}

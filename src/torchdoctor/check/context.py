@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import bisect
 import functools
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
@@ -215,6 +216,21 @@ class FileContext:
         self._word_text: str | None = None
 
     # -- names ------------------------------------------------------------
+    @property
+    def project_path(self) -> str:
+        """The file's path inside the checked project (forward slashes), for rules that
+        judge a file by its name; the path as given when it lies outside the root."""
+        path = self.path.replace("\\", "/")
+        if not self.project.root:
+            return path
+        root = self.project.root.replace("\\", "/").rstrip("/")
+        if not path.startswith(root + "/"):
+            # the working directory comes resolved; the path may run through a symlink
+            path = os.path.realpath(self.path).replace("\\", "/")
+            if not path.startswith(root + "/"):
+                return self.path.replace("\\", "/")
+        return path[len(root) + 1 :]
+
     @property
     def imports(self) -> dict[str, str]:
         """Name bound by an import -> its dotted target (see `collect_imports`); lazy."""

@@ -83,6 +83,10 @@ class ProjectIndex:
     # Where a file of the project starts an NCCL process group ("path:line"), if one does
     # (analysis/project_facts.nccl_start; TD113 asks).
     nccl_start: str | None = None
+    # The folder the run checks from (the config root, or the working directory): rules
+    # that judge a file by its path judge the part inside the project, not where the
+    # project happens to live (`~/benchmarks/myproj/train.py` is no benchmark file).
+    root: str = ""
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""

@@ -7,6 +7,7 @@ any rule runs), answers what it can from the cache, hands the rest to
 
 from __future__ import annotations
 
+import os
 import stat
 import sys
 from collections.abc import Sequence
@@ -101,6 +102,7 @@ def run_check(
     else:
         sources = [load_source(path) for path in discover(paths, settings)]
     project = build_project((str(s.path), s.text) for s in sources if s.text is not None)
+    project.root = os.path.abspath(settings.root)
     cache = ResultCache(settings.root) if use_cache else None
     fingerprint = project.fingerprint()
 

@@ -114,16 +114,23 @@ class FileFlow(FileIndex):
         return found
 
     def returned_tensor(self, func: AnyFunction) -> Value:
-        """What `func` returns, when that is a tensor it made on the CPU (else UNKNOWN).
+        """What `func` returns, when that is a tensor it made on the CPU, or data loaders
+        it built (else UNKNOWN).
 
         `def init_hidden(self, n): return torch.zeros(1, n, 16)`: a call of it gives a
-        CPU tensor. Only factory-made CPU tensors are passed on; anything that
-        depends on the arguments stays unknown.
+        CPU tensor. Only factory-made CPU tensors and loaders whose batches' place
+        is known are passed on; anything that depends on the arguments stays unknown.
         """
         found = self._returns.get(func)
         if found is None:
             found = UNKNOWN
-            if self.may_return_factory(func):
+            if self.mentions(func, "DataLoader(") and self.mentions(func, "return"):
+                # `train_loader, test_loader = load_data()`: loaders it builds
+                self._returns[func] = UNKNOWN  # a recursive function sees nothing
+                returned = ScopeFlow(self, func, seeds={}).returned
+                if returned is not None and _built_loaders(returned):
+                    found = returned
+            elif self.may_return_factory(func):
                 # no seeds: a factory's result does not depend on them, and seeding
                 # would analyse the callers, which are asking for this very summary
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
@@ -235,6 +242,7 @@ class FileFlow(FileIndex):
                     assumed=True,
                     is_input=True,
                     grad=value.kind is Kind.PARAMETER and value.grad,
+                    cls=value.cls,
                 )
             seeds[f"{self_name}.{attr}"] = value
         return seeds
@@ -389,6 +397,14 @@ class FileFlow(FileIndex):
                 values[key] = value
         # parameters not passed take their defaults: unknown
         return {k: _as_parameter(k, v) for k, v in values.items()}
+
+
+def _built_loaders(value: Value) -> bool:
+    """A loader with a known place, or a tuple of them (what a data helper returns)."""
+    if value.kind is Kind.LOADER:
+        return value.place is not Place.UNKNOWN and not value.assumed
+    items = value.items if value.kind is Kind.CONTAINER else None
+    return bool(items) and all(_built_loaders(item) for item in items or ())
 
 
 def scopes_with(ff: FileFlow, *needles: str) -> list[ScopeNode]:

@@ -283,7 +283,11 @@ class FileIndex:
                 elif (not rest or rest[0] in ",)]}\r\n" or head.rstrip().endswith("@")) and not (
                     _DEF_OR_IMPORT.fullmatch(head)
                 ):
-                    return None
+                    # a value, or prose in a comment or docstring (`# train, test, and
+                    # DataLoader`): the syntax tree tells
+                    if not self._uses_indexed:
+                        self._index_uses()
+                    return self._uses.get(name, [])
             start = source.find(name, end)
         return uses
 

@@ -227,11 +227,13 @@ class ScopeFlow(ScopeCalls):
         entry = self.env
         assert entry is not None
         head: Env = dict(entry)
-        recording = self._recording
-        # silent passes until the loop head is stable, then one recording pass
+        recording, meeting = self._recording, self._meeting
+        # silent passes until the loop head is stable, then one recording pass; the
+        # first pass (from the state before the loop) records meetings of devices
         self._recording = False
         try:
-            for _ in range(self.MAX_LOOP_PASSES):
+            for n in range(self.MAX_LOOP_PASSES):
+                self._meeting = meeting and n == 0
                 end, _frame = self._loop_pass(head, body, target, element, test)
                 new_head = join_env(entry, end)
                 for cont in _frame.continues:
@@ -243,7 +245,7 @@ class ScopeFlow(ScopeCalls):
             else:
                 head = _weaken(head, entry)
         finally:
-            self._recording = recording
+            self._recording, self._meeting = recording, meeting
         end, frame = self._loop_pass(head, body, target, element, test)
         self.env = dict(head)  # the loop may run zero times, or end after any pass
         self.env = join_env(self.env, end)

@@ -220,7 +220,7 @@ class ScopeCalls(ScopeMoves):
         facts = self.ff.call_facts(target, arguments, self.depth)
         if facts is None:
             return None
-        if self._recording:
+        if self._meeting:
             self._meetings_inside(node, target, passed, facts.mismatches)
         return facts.returned
 

@@ -63,6 +63,10 @@ class ScopeCore:
         self.returned: Value | None = None
         self.moved_origins: set[tuple[str, int]] = set()  # batches moved here (name, line)
         self._recording = True
+        # meetings of devices are also recorded on a loop's first pass, which runs from
+        # the state before the loop: `h = torch.zeros(n)` then `h = h + x` in the loop
+        # meets on the first iteration, though the loop's fixpoint no longer knows `h`
+        self._meeting = True
         self._no_grad = 0
         self._loops: list[_LoopFrame] = []
         self._statement_call: ast.Call | None = None
@@ -214,7 +218,7 @@ class ScopeCore:
 
     def _meet(self, site: ast.AST, operands: list[tuple[ast.expr, Value]], via: str) -> None:
         """Record CPU operands meeting a device operand (0-dim CPU tensors are allowed)."""
-        if not self._recording:
+        if not self._meeting:
             return
         device = next(
             ((n, v) for n, v in operands if v.place is Place.DEVICE and v.kind is not Kind.DEVICE),

@@ -29,6 +29,34 @@ from torchdoctor.check.analysis.values import (
 if TYPE_CHECKING:
     pass
 
+# tensor methods that return a (values, indices) pair (with a `dim`, for max/min/median)
+_PAIR_METHODS = frozenset({"sort", "topk", "kthvalue", "mode", "aminmax"})
+_PAIR_WITH_DIM = frozenset({"max", "min", "median", "nanmedian"})
+
+
+def _pair_result(node: ast.expr) -> bool:
+    """`x.max(1)`, `x.sort()`, `torch.topk(x, k)`: a call that returns two tensors."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        return False
+    name = node.func.attr
+    if name in _PAIR_METHODS:
+        return True
+    if name not in _PAIR_WITH_DIM:
+        return False
+    if any(kw.arg == "dim" for kw in node.keywords):
+        return True
+    # `x.max(1)`, `torch.max(x, -1)`: a dimension; `x.max(y)` is elementwise
+    torch_form = isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+    args = node.args[1:] if torch_form else node.args
+    dim = args[0] if args else None
+    if isinstance(dim, ast.UnaryOp) and isinstance(dim.op, ast.USub):
+        dim = dim.operand
+    return isinstance(dim, ast.Constant) and type(dim.value) is int
+
+
+# module containers whose iteration gives their layers (a ModuleDict gives its keys)
+_MODULE_SEQUENCES = frozenset({"ModuleList", "Sequential"})
+
 
 class ScopeExprs(ScopeCore):
     """Evaluates expressions other than calls."""
@@ -149,8 +177,9 @@ class ScopeExprs(ScopeCore):
                 is_input=base.is_input,
             )
         if kind in (Kind.TENSOR, Kind.PARAMETER):
-            # an integer index may leave a 0-dim tensor, which mixes with any device
-            point = not isinstance(index, ast.Slice | ast.Tuple)
+            # an integer index may leave a 0-dim tensor, which mixes with any device;
+            # not when it picks a tensor of a (values, indices) pair: `x.max(1)[1]`
+            point = not isinstance(index, ast.Slice | ast.Tuple) and not _pair_result(node.value)
             return dataclasses.replace(
                 base, kind=Kind.TENSOR, scalar=base.scalar or point, output=base.output
             )
@@ -334,6 +363,11 @@ class ScopeExprs(ScopeCore):
             )
         if kind is Kind.BATCH:
             return dataclasses.replace(iterable, part=True)
+        if kind is Kind.MODULE and iterable.cls in _MODULE_SEQUENCES:
+            # `for head in self.heads` over an nn.ModuleList: its layers, wherever it is
+            return dataclasses.replace(
+                iterable, cls="", name=f"layer of `{iterable.name}`" if iterable.name else ""
+            )
         if kind is Kind.TENSOR and iterable.place is not Place.UNKNOWN:
             return dataclasses.replace(iterable, scalar=False, output=False)
         if kind is Kind.UNKNOWN and node is not None and iterable.place is Place.UNKNOWN:

@@ -20,6 +20,7 @@ from torchdoctor.check.analysis.torch_api import (
     LIKE_FACTORIES,
     NUMPY_ARRAY_FACTORIES,
     NUMPY_CONVERTING,
+    NUMPY_CONVERTING_MODULES,
     OPTIMIZER_PREFIX,
     REDUCTIONS,
     legacy_type_place,
@@ -53,6 +54,14 @@ class ScopeLibrary(ScopeExprs):
             return args[0] if args and args[0] is not UNKNOWN else None
         if qual.startswith("torch."):
             return self._torch_function(node, qual, last, args, keywords)
+        if qual.startswith(NUMPY_CONVERTING_MODULES):
+            # `sklearn.metrics.accuracy_score(y_true, y_pred)`: NumPy converts the arguments
+            for arg_node, value in [
+                *zip(node.args, args, strict=False),
+                *((kw.value, v) for kw, (_, v) in zip(node.keywords, keywords, strict=False)),
+            ]:
+                self._converted(node, arg_node, value, f"`{qual}`")
+            return None
         if qual.startswith("numpy.") and qual.count(".") == 1:
             if last in NUMPY_CONVERTING:
                 for arg_node, value in zip(node.args, args, strict=False):

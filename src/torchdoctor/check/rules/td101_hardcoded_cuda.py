@@ -190,7 +190,7 @@ class HardcodedCuda(Rule):
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
-        path = ctx.path.replace("\\", "/")
+        path = ctx.project_path
         self._file_is_cuda_only = bool(
             _CUDA_NAME.search(path)
             or _BENCHMARK_PATH.search(path)

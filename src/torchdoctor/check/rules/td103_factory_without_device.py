@@ -4,7 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch, Place
@@ -81,6 +81,8 @@ class FactoryWithoutDevice(Rule):
         ff = file_flow(self.ctx)
         # a value proven on the device comes from a move or a `device=` in this file
         moves = any(m in self.ctx.source for m in (".to(", ".cuda(", "device="))
+        # a file that never names a device
+        devices = moves or any(w in self.ctx.source for w in ("cuda", "device", "accelerat"))
         for func in ff.functions():
             cls = ff.class_of(func)
             if cls is None or not ff.is_module_class(cls):
@@ -95,8 +97,10 @@ class FactoryWithoutDevice(Rule):
                     self._check(func, None, ff.scope(func))
                 continue
             forward = ff.methods(cls).get("forward")
-            if forward is None or self._cpu_only_script(cls):
+            if forward is None:
                 continue
+            if not devices and _runs_here(ff, cls):
+                continue  # a CPU-only script running its own model: it never meets a GPU
             if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
                 continue
             if not ff.mentions(func, "torch.", *FACTORIES, *LEGACY_CONSTRUCTORS):
@@ -138,21 +142,6 @@ class FactoryWithoutDevice(Rule):
                 continue
             reported.add(source)
             self.report(source, self._message(func, forward, m, qual, factory))
-
-    def _cpu_only_script(self, cls: ast.ClassDef) -> bool:
-        """A file that builds the model itself and never names a device: it stays on the
-        CPU (a model file others import is still checked: its users move it)."""
-        source = self.ctx.source
-        if any(word in source for word in _DEVICE_WORDS):
-            return False
-        return any(
-            isinstance(node, ast.Call)
-            and (
-                (isinstance(node.func, ast.Name) and node.func.id == cls.name)
-                or (isinstance(node.func, ast.Attribute) and node.func.attr == cls.name)
-            )
-            for node in ast.walk(self.ctx.tree)
-        )
 
     def _helpers(self, func: AnyFunction) -> list[AnyFunction]:
         ff = file_flow(self.ctx)
@@ -240,7 +229,6 @@ def _on_no_gpu_path(site: ast.AST, func: AnyFunction) -> bool:
 _GPU_TEST = re.compile(r"cuda|gpu", re.IGNORECASE)
 
 # Words of code that puts anything on a device.
-_DEVICE_WORDS = ("cuda", "device", ".to(")
 
 
 def _inside(node: ast.AST, func: ast.AST | None) -> bool:
@@ -254,3 +242,21 @@ def _inside(node: ast.AST, func: ast.AST | None) -> bool:
 def _first_input(func: AnyFunction) -> str:
     params = [*func.args.posonlyargs, *func.args.args]
     return params[1].arg if len(params) > 1 else ""
+
+
+def _runs_here(ff: FileFlow, cls: ast.ClassDef) -> bool:
+    """Whether the file's own top-level code (a script, its `__main__` block) builds the
+    module class it defines (`model = Net()`); not a layer other classes build."""
+    stack: list[ast.AST] = list(ff.ctx.tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == cls.name
+        ):
+            return True
+        stack.extend(ast.iter_child_nodes(node))
+    return False

@@ -5,7 +5,11 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
 from torchdoctor.check.analysis.scope import ScopeFlow
-from torchdoctor.check.analysis.torch_api import NUMPY_ARRAY_FACTORIES, NUMPY_CONVERTING
+from torchdoctor.check.analysis.torch_api import (
+    NUMPY_ARRAY_FACTORIES,
+    NUMPY_CONVERTING,
+    NUMPY_CONVERTING_MODULES,
+)
 from torchdoctor.check.analysis.values import Conversion, Kind, Place, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
@@ -72,6 +76,12 @@ class NumpyOnDevice(Rule):
             for local, target in self.ctx.imports.items()
             if target == "numpy" or target.startswith("numpy.")
             for name in (NUMPY_CONVERTING | NUMPY_ARRAY_FACTORIES if target == "numpy" else [""])
+        ]
+        # modules whose every function converts (`metrics.f1_score(y, pred)`)
+        calls += [
+            f"{local}." if f"{target}." in NUMPY_CONVERTING_MODULES else f"{local}("
+            for local, target in self.ctx.imports.items()
+            if f"{target}.".startswith(NUMPY_CONVERTING_MODULES)
         ]
         if calls:
             for node in scopes_with(ff, *calls):
