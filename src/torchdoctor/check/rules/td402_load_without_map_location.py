@@ -4,6 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.gpu_gates import runs_only_with_gpu
 from torchdoctor.check.analysis.names import is_test_file
 from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
@@ -39,7 +40,10 @@ class LoadWithoutMapLocation(Rule):
     saves on the CPU (FSDP's
     `offload_to_cpu=True`, `torch.save(x.cpu(), path)` to the same file name, any
     save to it in a file that never names an accelerator), NumPy arrays (the result
-    goes to `torch.from_numpy`) and a `GradScaler`'s state (floats and ints).
+    goes to `torch.from_numpy`) and a `GradScaler`'s state (floats and ints). And
+    loads in tests that never run without a GPU: under `@require_torch_gpu`,
+    `@require_torch_accelerator`, `@unittest.skipIf(not torch.cuda.is_available(),
+    ...)` and the like, on the test or its class.
 
     ## Why is this bad?
     `torch.save` records the device of every tensor. Without `map_location`,
@@ -102,6 +106,7 @@ class LoadWithoutMapLocation(Rule):
             or self._saved_from_cpu(source)
             or self._test_reads_its_temp_files()
             or self._notebook_wrote_it(node, source)
+            or runs_only_with_gpu(self.ctx)
         ):
             return
         last = max(
