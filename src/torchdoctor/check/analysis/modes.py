@@ -26,6 +26,7 @@ from torchdoctor.check.analysis.mode_state import (
     ForwardCall,
     LoopFacts,
     Origin,
+    Origins,
     State,
     Summary,
     TrainingStep,
@@ -152,17 +153,7 @@ class ModeInterpreter(ModeCore):
         origins = self.get(state, key)
         found = self.forwards.get(id(call))
         if found is None:
-            self.forwards[id(call)] = ForwardCall(
-                call,
-                key,
-                origins,
-                frame.region,
-                frame.region_node,
-                frame.no_grad,
-                frame.grad_switch,
-                frame.loop_depth > 0,
-                frame.loop_node,
-            )
+            self.forwards[id(call)] = _forward_call(call, key, origins, frame)
         else:
             found.origins = found.origins | origins
         if not frame.no_grad:
@@ -262,18 +253,8 @@ class ModeInterpreter(ModeCore):
                 mine = mapping.get(ckey)
                 if mine is None or id(call) in self.forwards:
                     continue
-                self.forwards[id(call)] = ForwardCall(
-                    call,
-                    mine,
-                    self.get(state, mine),
-                    frame.region,
-                    frame.region_node,
-                    frame.no_grad,
-                    frame.grad_switch,
-                    frame.loop_depth > 0,
-                    frame.loop_node,
-                    via=callee,
-                    inner_line=line,
+                self.forwards[id(call)] = _forward_call(
+                    call, mine, self.get(state, mine), frame, via=callee, inner_line=line
                 )
         for ckey in summary.trains:
             mine = mapping.get(ckey)
@@ -360,3 +341,27 @@ def _inference_method(name: str) -> bool:
     """`predict`, `full_sort_predict`, `inference` -- not `generate` (Hugging Face's runs
     under no_grad itself) nor `evaluate` (framework loops that set modes themselves)."""
     return any(w in ("predict", "inference", "infer") for w in words(name))
+
+
+def _forward_call(
+    call: ast.Call,
+    key: str,
+    origins: Origins,
+    frame: _Frame,
+    via: FunctionInfo | None = None,
+    inner_line: int = 0,
+) -> ForwardCall:
+    """A run of the model `key` at `call`, in the region and grad mode of `frame`."""
+    return ForwardCall(
+        call,
+        key,
+        origins,
+        frame.region,
+        frame.region_node,
+        frame.no_grad,
+        frame.grad_switch,
+        frame.loop_depth > 0,
+        frame.loop_node,
+        via=via,
+        inner_line=inner_line,
+    )
