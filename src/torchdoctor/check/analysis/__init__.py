@@ -54,6 +54,8 @@ interpreters see the per-file objects above them only through protocols):
                   seeding of parameters from call sites in the file and the project
 - `project_facts` cross-file call facts (what other files pass to a function) and
                   `build_project`, the ProjectIndex of a whole run
+- `gpu_gates`     code that runs only where a GPU is (skip decorators on a test or its
+                  class) or needs one anyway (GPU-only packages, torch.cuda APIs)
 - `names`, `grad_contexts`, `events`, `functions`, `event_collector`: training-loop
                   vocabulary, no_grad/autocast contexts, events and their order; a call of
                   the file's function that runs backward() on a parameter is a backward

@@ -4,7 +4,12 @@ import ast
 import re
 from typing import TYPE_CHECKING, ClassVar
 
-from torchdoctor.check.context import child_statements, iter_children, walk
+from torchdoctor.check.analysis.gpu_gates import (
+    always_run_calls,
+    calls_cuda_only,
+    imports_cuda_only_package,
+)
+from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._file_gate import skip_visits
 
@@ -22,59 +27,6 @@ _DEVICE_WORDS = re.compile(
 _CUDA_NAME = re.compile(r"cuda|gpu|cudnn|nccl|triton|nvfuser", re.IGNORECASE)
 # Benchmarks measure particular hardware on purpose.
 _BENCHMARK_PATH = re.compile(r"(^|/)bench(mark)?s?(/|_|\.py$)", re.IGNORECASE)
-# torch.cuda APIs that themselves fail without a GPU: code calling them is CUDA-only
-# by design, so a `.cuda()` next to them adds nothing. (Seeding, empty_cache and the
-# memory statistics are safe on a CPU-only machine and do not count.)
-_CUDA_ONLY_APIS = frozenset(
-    {
-        "synchronize",
-        "Event",
-        "Stream",
-        "ExternalStream",
-        "set_device",
-        "current_device",
-        "get_device_name",
-        "get_device_properties",
-        "get_device_capability",
-        "current_stream",
-        "default_stream",
-        "stream",
-        "set_stream",
-        "graph",
-        "CUDAGraph",
-        "make_graphed_callables",
-        "graph_pool_handle",
-        "mem_get_info",
-        "ipc_collect",
-        "set_per_process_memory_fraction",
-        "get_rng_state",
-        "get_rng_state_all",
-        "current_blas_handle",
-        "can_device_access_peer",
-        "device",
-        "init",
-        "_sleep",
-    }
-)
-# Packages that only run on NVIDIA GPUs: a file importing one at its top is CUDA-only.
-_CUDA_ONLY_PACKAGES = frozenset(
-    {
-        "apex",
-        "triton",
-        "pycuda",
-        "cupy",
-        "nvfuser",
-        "transformer_engine",
-        "flash_attn",
-        "tensorrt",
-        "torch_tensorrt",
-        "cutlass",
-        "nvidia",
-        "pynvml",
-        "liger_kernel",
-        "msamp",
-    }
-)
 # torch.distributed collectives: their tensors must be on the process group's device
 # (CUDA for NCCL), so code calling them chooses the device on purpose.
 _COLLECTIVES = frozenset(
@@ -194,12 +146,11 @@ class HardcodedCuda(Rule):
         self._file_is_cuda_only = bool(
             _CUDA_NAME.search(path)
             or _BENCHMARK_PATH.search(path)
-            or _imports_cuda_only_package(ctx.tree)
+            or imports_cuda_only_package(ctx.tree)
         )
         self._cuda_only_blocks: dict[int, bool] = {}
         self._gated: bool | None = None
         self._gated_classes: set[str] | None = None
-        self._cuda_only_functions: set[str] | None = None
         # Without a "cuda" / 'cuda:0' string, only `.cuda()` calls can be reported.
         self._literals = '"cuda' in ctx.source or "'cuda" in ctx.source
         if self._file_is_cuda_only:
@@ -435,8 +386,7 @@ class HardcodedCuda(Rule):
         key = id(block)
         cached = self._cuda_only_blocks.get(key)
         if cached is None:
-            cuda_only = self._cuda_only_function_names()
-            cached = any(self._calls_cuda_only(sub, cuda_only) for sub in _always_run_calls(block))
+            cached = any(calls_cuda_only(self.ctx, sub) for sub in always_run_calls(block))
             self._cuda_only_blocks[key] = cached
         return cached
 
@@ -459,93 +409,6 @@ class HardcodedCuda(Rule):
                 ):
                     return True
         return False
-
-    def _callee(self, node: ast.Call | ast.withitem) -> str:
-        target = node.func if isinstance(node, ast.Call) else node.context_expr
-        return self.ctx.qualname(target) or ""
-
-    def _calls_cuda_only(self, node: ast.Call | ast.withitem, cuda_only: set[str]) -> bool:
-        name = self._callee(node)
-        if _is_cuda_only_api(name):
-            return True
-        # a call of a CUDA-only function of this file: `helper(...)`, `self.helper(...)`
-        return bool(cuda_only) and name.rsplit(".", 1)[-1] in cuda_only
-
-    def _cuda_only_function_names(self) -> set[str]:
-        """Names of this file's functions that call CUDA-only APIs, directly or through
-        other functions of the file (computed once per file, only when needed)."""
-        if self._cuda_only_functions is None:
-            found: set[str] = set()
-            if "torch.cuda" in self.ctx.source or "cuda import" in self.ctx.source:
-                # per function: does it call a CUDA-only API itself, and the last names
-                # of what it calls (helpers of this file are matched by those)
-                summaries: list[tuple[str, bool, set[str]]] = []
-                statements = list(self.ctx.tree.body)  # functions are statements
-                while statements:
-                    f = statements.pop()
-                    statements.extend(child_statements(f))
-                    if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef):
-                        names = [self._callee(sub) for sub in _always_run_calls(f.body)]
-                        direct = any(_is_cuda_only_api(name) for name in names)
-                        summaries.append((f.name, direct, {n.rsplit(".", 1)[-1] for n in names}))
-                for _ in range(3):  # a few levels of helpers is plenty
-                    grown = {
-                        name
-                        for name, direct, callees in summaries
-                        if name not in found and (direct or not found.isdisjoint(callees))
-                    }
-                    if not grown:
-                        break
-                    found |= grown
-            self._cuda_only_functions = found
-        return self._cuda_only_functions
-
-
-def _imports_cuda_only_package(tree: ast.Module) -> bool:
-    """A top-level, unconditional import of a package that only runs on NVIDIA GPUs."""
-    statements: list[ast.stmt] = []
-    for stmt in tree.body:
-        statements.extend(stmt.body if isinstance(stmt, ast.Try) and _all_reraise(stmt) else [stmt])
-    for stmt in statements:
-        if isinstance(stmt, ast.Import):
-            names = [alias.name for alias in stmt.names]
-        elif isinstance(stmt, ast.ImportFrom) and not stmt.level:
-            names = [stmt.module or ""]
-        elif (
-            isinstance(stmt, ast.Assign | ast.Expr)
-            and isinstance(stmt.value, ast.Call)
-            and getattr(stmt.value.func, "attr", "") == "importorskip"
-            and stmt.value.args
-            and isinstance(stmt.value.args[0], ast.Constant)
-        ):
-            names = [str(stmt.value.args[0].value)]
-        else:
-            continue
-        if any(name.split(".", 1)[0] in _CUDA_ONLY_PACKAGES for name in names):
-            return True
-    return _imports_cuda_only_package_lazily(tree)
-
-
-def _imports_cuda_only_package_lazily(tree: ast.Module) -> bool:
-    """`global transformer_engine` then `import transformer_engine` in a function: a
-    module-level name the file needs, imported on first use."""
-    for function in tree.body:
-        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        declared = {
-            name
-            for stmt in function.body
-            if isinstance(stmt, ast.Global)
-            for name in stmt.names
-            if name.split(".", 1)[0] in _CUDA_ONLY_PACKAGES
-        }
-        if declared and any(
-            isinstance(sub, ast.Import)
-            and any(a.name.split(".", 1)[0] in declared for a in sub.names)
-            for sub in ast.walk(function)
-        ):
-            return True
-    return False
 
 
 def _per_rank(args: list[ast.expr]) -> bool:
@@ -584,11 +447,6 @@ def _catches_failure(handler: ast.ExceptHandler) -> bool:
     )
 
 
-def _all_reraise(node: ast.Try) -> bool:
-    """Every handler raises again: the `try` body is as unconditional as plain code."""
-    return bool(node.handlers) and all(isinstance(h.body[-1], ast.Raise) for h in node.handlers)
-
-
 def _ends_with_exit(body: list[ast.stmt]) -> bool:
     last = body[-1]
     if isinstance(last, ast.Return | ast.Raise | ast.Continue | ast.Break):
@@ -612,35 +470,3 @@ def _block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt] | None:
         if isinstance(block, list) and any(stmt is child for stmt in block):
             return block
     return None
-
-
-def _is_cuda_only_api(name: str) -> bool:
-    return name.startswith("torch.cuda.") and name[11:] in _CUDA_ONLY_APIS
-
-
-def _always_run_calls(block: list[ast.stmt]) -> list[ast.Call | ast.withitem]:
-    """The calls and `with` items of a block that always run when it runs: not in
-    nested functions or classes, not in the branches of an `if`, not in a `try` body
-    whose errors are handled."""
-    found: list[ast.Call | ast.withitem] = []
-    todo: list[ast.AST] = list(block)
-    while todo:
-        node = todo.pop()
-        cls = node.__class__
-        if cls is ast.Call or cls is ast.withitem:
-            found.append(node)  # type: ignore[arg-type]
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            continue
-        if isinstance(node, ast.If | ast.While | ast.IfExp):
-            todo.append(node.test)
-        elif isinstance(node, ast.BoolOp):
-            todo.append(node.values[0])
-        elif isinstance(node, ast.Try):
-            if _all_reraise(node):
-                todo.extend(node.body)
-            todo.extend(node.finalbody)
-        elif hasattr(ast, "Match") and isinstance(node, ast.Match):
-            todo.append(node.subject)
-        else:
-            todo.extend(iter_children(node, operators=False))
-    return found
