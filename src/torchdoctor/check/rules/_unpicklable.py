@@ -10,6 +10,7 @@ DataLoader workers under spawn (TD503).
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 
 from torchdoctor.check.context import FileContext, walk
@@ -46,21 +47,41 @@ def module_lambdas(tree: ast.Module) -> set[str]:
     }
 
 
-def own_nodes(scope: ast.AST) -> list[ast.AST]:
-    """The nodes of `scope`, not those of the functions and classes defined inside it."""
-    found: list[ast.AST] = []
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
-        found.append(node)
-        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            todo.extend(ast.iter_child_nodes(node))
+def own_nodes(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
+    """The nodes of `scope`, not those of the functions and classes defined inside it
+    (computed once per scope and file: several rules and every `Finder` ask)."""
+    cache: dict[int, list[ast.AST]] = ctx.shared("unpicklable.own_nodes", lambda _: {})
+    found = cache.get(id(scope))
+    if found is None:
+        found = cache[id(scope)] = []
+        todo = list(ast.iter_child_nodes(scope))
+        while todo:
+            node = todo.pop()
+            found.append(node)
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                todo.extend(ast.iter_child_nodes(node))
     return found
 
 
-def own_calls(scope: ast.AST) -> list[ast.Call]:
+def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
     """The calls of `scope` itself (see `own_nodes`)."""
-    return [n for n in own_nodes(scope) if isinstance(n, ast.Call)]
+    return [n for n in own_nodes(ctx, scope) if isinstance(n, ast.Call)]
+
+
+def _assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign]]:
+    """Plain `name = value` statements of `scope`, by name (once per scope and file)."""
+    cache: dict[int, dict[str, list[ast.Assign]]] = ctx.shared(
+        "unpicklable.assignments", lambda _: {}
+    )
+    found = cache.get(id(scope))
+    if found is None:
+        found = cache[id(scope)] = {}
+        for node in own_nodes(ctx, scope):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        found.setdefault(target.id, []).append(node)
+    return found
 
 
 class Finder:
@@ -69,8 +90,14 @@ class Finder:
     def __init__(self, ctx: FileContext, scope: ast.AST) -> None:
         self.ctx = ctx
         self.scope = scope
-        self.locals = local_functions(scope)
-        self.lambdas = module_lambdas(ctx.tree)
+
+    @functools.cached_property
+    def locals(self) -> set[str]:
+        return local_functions(self.scope)
+
+    @functools.cached_property
+    def lambdas(self) -> set[str]:
+        return self.ctx.shared("unpicklable.module_lambdas", lambda c: module_lambdas(c.tree))
 
     def find(self, expr: ast.expr | None, before: int, depth: int = 6) -> list[Unpicklable]:
         """What `expr` (evaluated at line `before`) holds that pickle cannot store: itself,
@@ -106,11 +133,7 @@ class Finder:
         """The value of the latest plain `name = value` before line `before` in scope."""
         latest: ast.expr | None = None
         latest_line = -1
-        for node in own_nodes(self.scope):
-            if (
-                isinstance(node, ast.Assign)
-                and latest_line < node.lineno < before
-                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
-            ):
+        for node in _assignments(self.ctx, self.scope).get(name, ()):
+            if latest_line < node.lineno < before:
                 latest, latest_line = node.value, node.lineno
         return latest

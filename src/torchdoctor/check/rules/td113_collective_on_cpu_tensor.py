@@ -89,6 +89,8 @@ class CollectiveOnCpuTensor(Rule):
     _device_blocks: list[tuple[int, int]] | None = None
 
     def finish(self) -> None:
+        if not any(name in self.ctx.source for name in _COLLECTIVES):
+            return  # cheap first: most files importing torch.distributed reduce nothing
         init = self._nccl_init()
         if init is None and (self._starts_group() or self.ctx.project.nccl_start is None):
             return  # this file starts a non-NCCL group, or nothing starts an NCCL one
@@ -97,20 +99,25 @@ class CollectiveOnCpuTensor(Rule):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             finder = Finder(self.ctx, scope)
-            for call in own_calls(scope):
-                name = self.ctx.qualname(call.func) or ""
-                last = name.rsplit(".", 1)[-1]
-                if not name.startswith(_DIST) or last not in _COLLECTIVES:
+            for call in own_calls(self.ctx, scope):
+                func = call.func
+                last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if last not in _COLLECTIVES:
+                    continue  # cheap first: the qualified name is looked up for few calls
+                name = self.ctx.qualname(func) or ""
+                if not name.startswith(_DIST):
                     continue
                 for index in _COLLECTIVES[last]:
                     if index < len(call.args):
                         self._check(call, call.args[index], finder, where)
 
     def _nccl_init(self) -> ast.Call | None:
+        if "init_process_group" not in self.ctx.source:
+            return None
         for scope in walk(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
-            for call in own_calls(scope):
+            for call in own_calls(self.ctx, scope):
                 if (self.ctx.qualname(call.func) or "") != "torch.distributed.init_process_group":
                     continue
                 backend = call.args[0] if call.args else None
@@ -145,7 +152,7 @@ class CollectiveOnCpuTensor(Rule):
         return any(start <= line <= end for start, end in self._device_blocks)
 
     def _starts_group(self) -> bool:
-        return any(
+        return "init_process_group" in self.ctx.source and any(
             isinstance(node, ast.Call)
             and (self.ctx.qualname(node.func) or "") == "torch.distributed.init_process_group"
             for node in walk(self.ctx.tree)

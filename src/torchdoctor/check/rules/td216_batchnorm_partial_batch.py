@@ -76,7 +76,7 @@ class BatchNormPartialBatch(Rule):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             finder: Finder | None = None
-            for call in own_calls(scope):
+            for call in own_calls(self.ctx, scope):
                 name = self.ctx.qualname(call.func) or ""
                 if name not in _LOADERS and name != "DataLoader":
                     continue

@@ -120,7 +120,7 @@ class UnpicklableModuleAttribute(Rule):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             finder = Finder(self.ctx, scope)
-            for call in own_calls(scope):
+            for call in own_calls(self.ctx, scope):
                 if not (isinstance(call.func, ast.Name) and call.func.id == cls.name):
                     continue
                 given = dict(zip(positional, call.args, strict=False))
@@ -134,7 +134,7 @@ class UnpicklableModuleAttribute(Rule):
         for scope in walk(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
-            for call in own_calls(scope):
+            for call in own_calls(self.ctx, scope):
                 if (
                     call.args
                     and (self.ctx.qualname(call.func) or "") in _PICKLES

@@ -76,8 +76,9 @@ class WeightsOnlyLoadOfObjects(Rule):
     def finish(self) -> None:
         if self.ctx.target_version is not None and not self.ctx.targets_torch_at_least(2, 6):
             return
-        if "safe_globals" in self.ctx.source:
-            return
+        source = self.ctx.source
+        if "safe_globals" in source or "save(" not in source or "load(" not in source:
+            return  # a safe-globals registry, or not both a save and a load to match
         # every (scope, file expression) `torch.save` writes to, with the line
         self.written: list[tuple[ast.AST, str, int]] = []
         saves: list[_Save] = []
@@ -85,7 +86,7 @@ class WeightsOnlyLoadOfObjects(Rule):
         for scope in walk(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
-            for node in own_nodes(scope):
+            for node in own_nodes(self.ctx, scope):
                 if not isinstance(node, ast.Call):
                     continue
                 name = self.ctx.qualname(node.func) or ""
@@ -257,14 +258,14 @@ class WeightsOnlyLoadOfObjects(Rule):
     def _keys_read(self, load: ast.Call, scope: ast.AST) -> list[str]:
         """The string keys the loaded value is read with (`state["args"]`)."""
         target = None
-        for node in own_nodes(scope):
+        for node in own_nodes(self.ctx, scope):
             if isinstance(node, ast.Assign) and node.value is load and len(node.targets) == 1:
                 target = node.targets[0]
         if not isinstance(target, ast.Name):
             return []
         return [
             node.slice.value
-            for node in own_nodes(scope)
+            for node in own_nodes(self.ctx, scope)
             if isinstance(node, ast.Subscript)
             and isinstance(node.value, ast.Name)
             and node.value.id == target.id

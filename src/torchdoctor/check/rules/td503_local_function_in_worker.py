@@ -72,7 +72,7 @@ class LocalFunctionInWorker(Rule):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             finder: Finder | None = None
-            for node in own_calls(scope):
+            for node in own_calls(self.ctx, scope):
                 if not self._is_loader(node) or not self._has_workers(node, scope):
                     continue
                 finder = finder or Finder(self.ctx, scope)
