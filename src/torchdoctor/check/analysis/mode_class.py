@@ -90,9 +90,14 @@ def held_models(fl: LoopFacts, cls: ast.ClassDef) -> dict[str, Origin]:
         if not origins or any(o.mode != BUILT for o in origins):
             continue
         first = min(origins, key=lambda o: o.line)
+        value = stmt.value
+        # built in a helper: name the constructor itself, not the helper's call
+        built = (
+            value if isinstance(value, ast.Call) and fl.is_module_constructor(value) else first.node
+        )
         found[key] = Origin(
             BUILT,
-            first.node,
+            built,
             f"{first.what}, stored in `{key}` at line {stmt.lineno}, and no method of "
             f"`{cls.name}` sets its mode",
             stored=stmt,

@@ -140,8 +140,15 @@ class EvalWithoutEvalMode(Rule):
                 if not fc.in_loop and o.stored is None:
                     continue  # one forward of a fresh model: a smoke test, not evaluation
                 name = self.ctx.qualname(o.node.func) if isinstance(o.node, ast.Call) else None
-                if name and fl.class_mode_sensitive(name.rsplit(".", 1)[-1]) is False:
+                sensitive = fl.class_mode_sensitive(name.rsplit(".", 1)[-1]) if name else None
+                if sensitive is False:
                     continue  # no Dropout/BatchNorm: the mode changes nothing
+                if o.stored is not None and not (
+                    sensitive or (name or "").startswith("transformers.")
+                ):
+                    # a class-level fact needs the harm shown: a class we see has Dropout or
+                    # BatchNorm, or a Hugging Face model (dropout on by default in its config)
+                    continue
             proof.add(o)
         if proof and all(o.mode != BUILT for o in proof) and fl.key_mode_sensitive(fc.key) is False:
             return frozenset()  # built only from layers without Dropout/BatchNorm
