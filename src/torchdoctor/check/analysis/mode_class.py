@@ -54,7 +54,7 @@ def held_models(fl: LoopFacts, cls: ast.ClassDef) -> dict[str, Origin]:
     final = fl.modes(init).final
     if final is None:
         return {}
-    stored: dict[str, ast.stmt] = {}
+    stored: dict[str, ast.Assign | ast.AnnAssign] = {}
     spoiled: set[str] = set()
     for m in methods:
         building = m.name in construction
