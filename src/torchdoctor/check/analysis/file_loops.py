@@ -15,7 +15,8 @@ from torchdoctor.check.analysis.events import BACKWARD, CALL, SCALER_STEP, STEP,
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.grad_contexts import _MISSING, _MODE_SENSITIVE, post_order_calls
 from torchdoctor.check.analysis.loop_index import LoopIndex
-from torchdoctor.check.analysis.mode_state import ModeResult, Summary
+from torchdoctor.check.analysis.mode_class import held_models
+from torchdoctor.check.analysis.mode_state import ModeResult, Origin, Summary
 from torchdoctor.check.analysis.modes import ModeInterpreter
 from torchdoctor.check.analysis.syntax import last_part
 from torchdoctor.check.context import (
@@ -38,6 +39,7 @@ class FileLoops(LoopIndex):
         self._modes: dict[int, ModeResult] = {}
         self._summaries: dict[int, Summary | None] = {}
         self._backward_params: dict[int, frozenset[str]] = {}
+        self._held: dict[int, dict[str, Origin]] = {}
 
     def release(self) -> None:
         """Break the cycles (each function refers to this file, callers to callees,
@@ -254,6 +256,15 @@ class FileLoops(LoopIndex):
             cached = ModeInterpreter(self, fi, entry=not fi.is_module).run()
             self._modes[id(fi)] = cached
         return cached
+
+    def held_models(self, cls: ast.ClassDef) -> dict[str, Origin]:
+        """Models a plain class builds in `__init__` and whose mode nothing changes."""
+        found = self._held.get(id(cls))
+        if found is None:
+            self._held[id(cls)] = {}  # recursion guard
+            found = held_models(self, cls)
+            self._held[id(cls)] = found
+        return found
 
     def summary(self, fi: FunctionInfo) -> Summary | None:
         """What calling `fi` does to its arguments' modes; None while being computed."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.functions import FunctionInfo
@@ -30,6 +31,10 @@ from torchdoctor.check.context import (
 
 if TYPE_CHECKING:
     pass
+
+
+# Hugging Face model classes: `...Model`, `...ForSequenceClassification`, `...LMHeadModel`
+_HF_MODEL = re.compile(r"(?:Model|For[A-Z][A-Za-z]*)$")
 
 
 class LoopIndex:
@@ -228,4 +233,6 @@ class LoopIndex:
         last = last_part(name)
         if last.endswith("Loss") or name.startswith("torch.") or not last[:1].isupper():
             return False
+        if name.startswith("transformers.") and _HF_MODEL.search(last):
+            return True  # `BertForSequenceClassification(config)` (from_pretrained() is eval)
         return last in self.ctx.project.module_classes

@@ -14,6 +14,7 @@ from torchdoctor.check.analysis.grad_contexts import (
     post_order_calls,
     with_item_context,
 )
+from torchdoctor.check.analysis.mode_class import init_helpers
 from torchdoctor.check.analysis.mode_state import (
     _BUDGET,
     _ENTRY,
@@ -90,7 +91,15 @@ class ModeCore:
             elif no_grad and any(isinstance(s, LoopNode) for s in fi.own_statements()):
                 region, region_node = "weak", node
             frame = _Frame(no_grad, False, region, region_node, 0)
-        state: State | None = State({})
+        start = State({})
+        if self.default == frozenset({_ENTRY}) and fi.cls is not None:
+            # a model the class built in `__init__` and never sets: its mode is known here
+            held = self.fl.held_models(fi.cls)
+            if held and fi.name not in init_helpers(
+                [f for f in self.fl.all_functions() if f.cls is fi.cls]
+            ):
+                start.modes.update((k, frozenset({o})) for k, o in held.items())
+        state: State | None = start
         try:
             state = self._block(fi.body, state, frame)
         except _LoopExit:

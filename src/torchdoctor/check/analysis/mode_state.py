@@ -48,6 +48,8 @@ class Origin:
     mode: str
     node: ast.AST | None  # in the analysed function (a call site for effects of callees)
     what: str  # "`model.eval()` at line 88", "`validate()` at line 120 (`model.eval()` ...)"
+    # a class-level fact: the `self.<attr> = ...` in `__init__` that stored the model
+    stored: ast.AST | None = None
 
     @property
     def line(self) -> int:
@@ -155,6 +157,8 @@ class LoopFacts(Protocol):
     def summary(self, fi: FunctionInfo) -> Summary | None: ...
     def backward_params(self, fi: FunctionInfo) -> frozenset[str]: ...
     def all_functions(self) -> list[FunctionInfo]: ...
+    def held_models(self, cls: ast.ClassDef) -> dict[str, Origin]: ...
+    def modes(self, fi: FunctionInfo) -> ModeResult: ...
 
 
 @dataclass
@@ -170,7 +174,8 @@ class ModeResult:
         exit_modes: dict[str, Origins] = {}
         if self.final is not None:
             for key, origins in self.final.modes.items():
-                if origins != frozenset({_ENTRY}):
+                if origins != frozenset({_ENTRY}) and any(o.stored is None for o in origins):
+                    # (a class-level fact at entry is the caller's too: not an effect)
                     exit_modes[key] = origins
         evals: dict[str, tuple[int, str]] = {}
         for fc in self.forwards:

@@ -86,6 +86,7 @@ class EvalWithoutEvalMode(Rule):
         if is_test_file(self.ctx.path) or not is_torch_file(self.ctx.source):
             return
         fl = analysis(self.ctx)
+        stored_seen: dict[int, ForwardCall] = {}
         for fi in fl.all_functions():
             if not (fi.mentions_evaluation and fi.mentions_model):
                 continue
@@ -95,11 +96,28 @@ class EvalWithoutEvalMode(Rule):
                 continue
             seen: set[tuple[int, str]] = set()
             for fc in fl.modes(fi).forwards:
+                held = frozenset(o for o in fc.origins if o.stored is not None)
                 if fc.region is None:
-                    continue
-                modes = TRAINISH if fc.region == "strong" else frozenset({TRAIN, TRAINED})
+                    if not (fc.no_grad and held):
+                        continue
+                    # inference under no_grad of a model the class built and never set
+                    # to eval mode: nothing else can have switched it
+                    modes = frozenset({BUILT})
+                else:
+                    modes = TRAINISH if fc.region == "strong" else frozenset({TRAIN, TRAINED})
                 proof = self._proof_origins(fl, fc, modes)
                 if not proof:
+                    continue
+                if all(o.stored is not None for o in proof):
+                    # one fix for every method that runs it: where the class stores it
+                    stored = next(iter(proof)).stored
+                    assert stored is not None
+                    if stored_seen.setdefault(id(stored), fc) is fc:
+                        self.report(
+                            stored,
+                            self._held_message(fc, proof),
+                            hint=f"set it to eval mode where it is stored: `{fc.key}.eval()`",
+                        )
                     continue
                 slot = (id(fc.region_node), fc.key)
                 if slot in seen:
@@ -119,11 +137,18 @@ class EvalWithoutEvalMode(Rule):
             if o.mode == TRAIN and region is not None and _inside(o.node, region):
                 continue  # set right here on purpose (MC dropout, `if train: model.train()`)
             if o.mode == BUILT:
-                if not fc.in_loop:
+                if not fc.in_loop and o.stored is None:
                     continue  # one forward of a fresh model: a smoke test, not evaluation
                 name = self.ctx.qualname(o.node.func) if isinstance(o.node, ast.Call) else None
-                if name and fl.class_mode_sensitive(name.rsplit(".", 1)[-1]) is False:
+                sensitive = fl.class_mode_sensitive(name.rsplit(".", 1)[-1]) if name else None
+                if sensitive is False:
                     continue  # no Dropout/BatchNorm: the mode changes nothing
+                if o.stored is not None and not (
+                    sensitive or (name or "").startswith("transformers.")
+                ):
+                    # a class-level fact needs the harm shown: a class we see has Dropout or
+                    # BatchNorm, or a Hugging Face model (dropout on by default in its config)
+                    continue
             proof.add(o)
         if proof and all(o.mode != BUILT for o in proof) and fl.key_mode_sensitive(fc.key) is False:
             return frozenset()  # built only from layers without Dropout/BatchNorm
@@ -141,6 +166,16 @@ class EvalWithoutEvalMode(Rule):
         return (
             f"`{key}` runs in training mode in evaluation code: {because}; Dropout stays "
             "active and BatchNorm uses batch statistics and overwrites its running ones"
+        )
+
+    def _held_message(self, fc: ForwardCall, proof: frozenset[Origin]) -> str:
+        where = fc.node.lineno
+        how = "" if fc.region is not None else " under no_grad"
+        return (
+            f"`{fc.key}` is built in training mode "
+            f"({describe_origins(proof, frozenset({BUILT}))}), yet it runs for inference"
+            f"{how} at line {where}: Dropout stays active and BatchNorm uses batch statistics "
+            "and overwrites its running ones"
         )
 
     def _hint(self, fc: ForwardCall) -> str:
