@@ -149,8 +149,17 @@ class ScopeCalls(ScopeMoves):
         statement: bool,
     ) -> Value:
         func = node.func
+        if node.keywords and self._same_file_callee(func, recv) is None:
+            encoded = self._encoded(node)
+            if encoded is not None:
+                return encoded
         if recv is not None and isinstance(func, ast.Attribute):
             method = func.attr
+            if method == "generate" and recv.kind is Kind.MODULE:
+                # `model.generate(input_ids)` runs the model on its tensors; the ids it
+                # returns are not followed
+                self._module_call(node, recv, args, keywords, func.value)
+                return UNKNOWN
             if recv.kind is not Kind.UNKNOWN or recv.place is not Place.UNKNOWN:
                 result = self._method(node, func, method, recv, args, statement)
                 if result is not None:

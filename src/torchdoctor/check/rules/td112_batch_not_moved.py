@@ -27,6 +27,7 @@ _FOR_IN_LOADER = re.compile(
 _NEXT_ITER = re.compile(r"next\(\s*iter\(")
 _FOR_IN_BATCHES = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\r\n]*batch")
 _MOVES = (".to(", ".cuda(")
+_ENCODED = re.compile(r"return_tensors\s*=\s*[\"']pt[\"']")
 
 
 class BatchNotMoved(Rule):
@@ -92,6 +93,9 @@ class BatchNotMoved(Rule):
         if "next(" in source or "DataLoader(" in source:
             strong.extend(line_of(m.start()) for m in _NEXT_ITER.finditer(source))
             strong.extend(self.ctx.lines_holding(("DataLoader(",)))
+            strong.sort()
+        if "return_tensors" in source:  # a tokenizer's output: tensors made on the CPU
+            strong.extend(line_of(m.start()) for m in _ENCODED.finditer(source))
             strong.sort()
         weak = lines_matching(self.ctx, ("batch",), _FOR_IN_BATCHES)
         # module-level code (a script, a notebook) is cheap: analysed whenever it moves
