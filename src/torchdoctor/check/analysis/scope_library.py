@@ -119,7 +119,9 @@ class ScopeLibrary(ScopeExprs):
         """`tokenizer(texts, return_tensors="pt")`, `processor(images=..., return_tensors="pt")`,
         `tokenizer.encode(text, return_tensors="pt")`: tensors made on the CPU."""
         if not any(
-            kw.arg == "return_tensors" and isinstance(kw.value, ast.Constant) and kw.value.value == "pt"
+            kw.arg == "return_tensors"
+            and isinstance(kw.value, ast.Constant)
+            and kw.value.value == "pt"
             for kw in node.keywords
         ):
             return None
@@ -128,7 +130,8 @@ class ScopeLibrary(ScopeExprs):
         if not last or last[:1].isupper() or last in _NOT_ENCODING:
             return None  # `DataCollatorWithPadding(tok, return_tensors="pt")` makes a collator
         one_tensor = last in _TENSOR_RETURNING_ENCODERS and not any(
-            kw.arg == "return_dict" and not (isinstance(kw.value, ast.Constant) and not kw.value.value)
+            kw.arg == "return_dict"
+            and not (isinstance(kw.value, ast.Constant) and not kw.value.value)
             for kw in node.keywords
         )
         return Value(
