@@ -149,10 +149,9 @@ class ScopeCalls(ScopeMoves):
         statement: bool,
     ) -> Value:
         func = node.func
-        if node.keywords and self._same_file_callee(func, recv) is None:
-            encoded = self._encoded(node)
-            if encoded is not None:
-                return encoded
+        encoded = self._encoded(node) if node.keywords else None
+        if encoded is not None and self._same_file_callee(func, recv) is None:
+            return encoded
         if recv is not None and isinstance(func, ast.Attribute):
             method = func.attr
             if method == "generate" and recv.kind is Kind.MODULE:
