@@ -149,8 +149,16 @@ class ScopeCalls(ScopeMoves):
         statement: bool,
     ) -> Value:
         func = node.func
+        encoded = self._encoded(node) if node.keywords else None
+        if encoded is not None and self._same_file_callee(func, recv) is None:
+            return encoded
         if recv is not None and isinstance(func, ast.Attribute):
             method = func.attr
+            if method == "generate" and recv.kind is Kind.MODULE:
+                # `model.generate(input_ids)` runs the model on its tensors; the ids it
+                # returns are not followed
+                self._module_call(node, recv, args, keywords, func.value)
+                return UNKNOWN
             if recv.kind is not Kind.UNKNOWN or recv.place is not Place.UNKNOWN:
                 result = self._method(node, func, method, recv, args, statement)
                 if result is not None:
@@ -179,6 +187,11 @@ class ScopeCalls(ScopeMoves):
             callee.kind is Kind.UNKNOWN and callee.place is Place.DEVICE
         ):
             return self._module_call(node, callee, args, keywords)
+        if callee is UNKNOWN and self.shown_module(dotted(func)):
+            # a module of unknown place (a parameter `model` with `model.eval()`): what it
+            # gives is where the inputs it ran on are; where it is, is not known, so its
+            # inputs meet nothing here
+            return self._module_call(node, callee, args, keywords, meet=False)
         target = self._same_file_callee(func, recv)
         if target is not None:
             returned = self._follow_call(node, target, args, keywords)
@@ -285,6 +298,8 @@ class ScopeCalls(ScopeMoves):
         args: list[Value],
         keywords: list[tuple[str | None, Value]],
         callee_node: ast.expr | None = None,
+        *,
+        meet: bool = True,
     ) -> Value:
         operands: list[tuple[ast.expr, Value]] = []
         if callee.place is not Place.UNKNOWN:
@@ -295,7 +310,7 @@ class ScopeCalls(ScopeMoves):
         for kw, (_, value) in zip(node.keywords, keywords, strict=False):
             operands.extend(self._tensor_operands(kw.value, value))
         tensors = [(n, v) for n, v in operands if v.tensor_like or n is node.func]
-        if callee.wrapper != "DataParallel":  # DataParallel scatters CPU inputs itself
+        if meet and callee.wrapper != "DataParallel":  # DataParallel scatters CPU inputs itself
             self._meet(node, [(n, v) for n, v in tensors], "module")
         if (callee.kind is not Kind.MODULE or callee.guessed) and not self.shown_module(
             dotted(callee_node if callee_node is not None else node.func)

@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     pass
 
 
+# Hugging Face calls given `return_tensors="pt"` that return one tensor (the others
+# return a BatchEncoding/BatchFeature, a dict of tensors whose `.to()` moves it in place).
+_TENSOR_RETURNING_ENCODERS = frozenset({"encode", "apply_chat_template"})
+# Callables that take `return_tensors=` but return no tensors: they make a callable.
+_NOT_ENCODING = frozenset({"partial", "pipeline"})
+
 # NumPy factories whose first argument is the shape.
 _SHAPED = frozenset({"zeros", "ones", "empty", "full"})
 
@@ -108,6 +114,35 @@ class ScopeLibrary(ScopeExprs):
         if qual.startswith("torchvision.models.") and last[:1].islower():
             return Value(Kind.MODULE, cls=last, line=node.lineno, source=node, fresh=True)
         return None
+
+    def _encoded(self, node: ast.Call) -> Value | None:
+        """`tokenizer(texts, return_tensors="pt")`, `processor(images=..., return_tensors="pt")`,
+        `tokenizer.encode(text, return_tensors="pt")`: tensors made on the CPU."""
+        if not any(
+            kw.arg == "return_tensors"
+            and isinstance(kw.value, ast.Constant)
+            and kw.value.value == "pt"
+            for kw in node.keywords
+        ):
+            return None
+        func = node.func
+        last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if not last or last[:1].isupper() or last in _NOT_ENCODING:
+            return None  # `DataCollatorWithPadding(tok, return_tensors="pt")` makes a collator
+        one_tensor = last in _TENSOR_RETURNING_ENCODERS and not any(
+            kw.arg == "return_dict"
+            and not (isinstance(kw.value, ast.Constant) and not kw.value.value)
+            for kw in node.keywords
+        )
+        return Value(
+            Kind.BATCH,
+            Place.CPU,
+            name=f"{self._text(func)}(...)",
+            line=node.lineno,
+            source=node,
+            part=one_tensor,
+            moves_in_place=not one_tensor,
+        )
 
     def _is_module_class(self, qual: str) -> bool:
         if qual.startswith("torch.") and not (

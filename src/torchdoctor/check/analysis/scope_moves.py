@@ -207,6 +207,8 @@ class ScopeMoves(ScopeLibrary):
             if key is not None:
                 if moved_module:
                     self._set(key, after)
+                elif kind is Kind.BATCH and not recv.part and recv.moves_in_place:
+                    self._set(key, after)  # `inputs.to(device)` of a BatchEncoding
                 elif kind is Kind.BATCH and not recv.part:
                     self._set(key, UNKNOWN)  # a custom batch may move in place
                 elif recv.kind in _TENSOR_KINDS and recv.kind is not Kind.UNKNOWN:

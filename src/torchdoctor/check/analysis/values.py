@@ -76,6 +76,9 @@ class Value:
     guessed: bool = False
     pinned: bool | None = None  # LOADER/BATCH: pin_memory=True given (None: not known)
     dropped_line: int = 0  # a `.to(...)` of this value whose result was dropped
+    # BATCH: a structure whose `.to()` moves it in place and returns it (a tokenizer's
+    # BatchEncoding, a processor's BatchFeature); its parts are plain tensors
+    moves_in_place: bool = False
     cls: str = ""  # MODULE: the class it was built from
     wrapper: str = ""  # MODULE: "DataParallel" / "DistributedDataParallel" when wrapped
     source: ast.AST | None = None  # the call that made it (a factory, a constructor)

@@ -91,8 +91,8 @@ class DiscardedTo(Rule):
         # parts of a batch are tensors; a whole batch of a DataLoader with the default
         # collate is a tensor if it has `.to()`, while a custom collate_fn may return an
         # object that moves in place
-        if before.kind is not Kind.BATCH:
-            return False
+        if before.kind is not Kind.BATCH or (before.moves_in_place and not before.part):
+            return False  # a BatchEncoding's `.to()` moves it in place
         return before.part or (before.place is Place.CPU and not before.assumed)
 
     def _report(self, scope: ScopeFlow, move: Move) -> None:

@@ -27,6 +27,7 @@ _FOR_IN_LOADER = re.compile(
 _NEXT_ITER = re.compile(r"next\(\s*iter\(")
 _FOR_IN_BATCHES = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\r\n]*batch")
 _MOVES = (".to(", ".cuda(")
+_ENCODED = re.compile(r"return_tensors\s*=\s*[\"']pt[\"']")
 
 
 class BatchNotMoved(Rule):
@@ -41,7 +42,9 @@ class BatchNotMoved(Rule):
     training loop has, labels or masks left behind while the inputs move, hidden
     states created on the CPU, and `x.to(device)` whose result was dropped. It
     follows models and loaders into helper functions (`evaluate(model, val_loader)`),
-    also when the helper lives in another file.
+    also when the helper lives in another file. What a tokenizer or a processor
+    returns with `return_tensors="pt"` is made on the CPU too, and
+    `model.generate(...)` runs the model on the tensors it is given.
 
     ## Why is this bad?
     On a GPU machine the first such batch stops the run with
@@ -92,6 +95,9 @@ class BatchNotMoved(Rule):
         if "next(" in source or "DataLoader(" in source:
             strong.extend(line_of(m.start()) for m in _NEXT_ITER.finditer(source))
             strong.extend(self.ctx.lines_holding(("DataLoader(",)))
+            strong.sort()
+        if "return_tensors" in source:  # a tokenizer's output: tensors made on the CPU
+            strong.extend(line_of(m.start()) for m in _ENCODED.finditer(source))
             strong.sort()
         weak = lines_matching(self.ctx, ("batch",), _FOR_IN_BATCHES)
         # module-level code (a script, a notebook) is cheap: analysed whenever it moves
