@@ -120,7 +120,12 @@ class ScopeCore:
         if key is None:
             return False
         if self._module_receivers is None:
-            self._module_receivers = module_receivers(self.node)
+            # one answer per function and file: a followed call builds a scope per call
+            cache: dict[int, frozenset[str]] = self.ctx.shared("module_receivers", lambda _: {})
+            found = cache.get(id(self.node))
+            if found is None:
+                found = cache[id(self.node)] = module_receivers(self.node)
+            self._module_receivers = found
         if key in self._module_receivers:
             return True
         prefix = self.self_name + "."

@@ -13,7 +13,7 @@ import ast
 import functools
 from dataclasses import dataclass
 
-from torchdoctor.check.context import FileContext, walk
+from torchdoctor.check.context import FileContext, iter_children, walk
 
 # Callees that store the functions they are given: class constructors and these.
 _STORING = frozenset({"partial", "functools.partial"})
@@ -54,18 +54,34 @@ def own_nodes(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
     found = cache.get(id(scope))
     if found is None:
         found = cache[id(scope)] = []
-        todo = list(ast.iter_child_nodes(scope))
+        # operators and contexts (`Load`, `Add`) left out: no caller looks for them
+        todo = iter_children(scope, operators=False)
         while todo:
             node = todo.pop()
             found.append(node)
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                todo.extend(ast.iter_child_nodes(node))
+                todo.extend(iter_children(node, operators=False))
     return found
 
 
 def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
     """The calls of `scope` itself (see `own_nodes`)."""
     return [n for n in own_nodes(ctx, scope) if isinstance(n, ast.Call)]
+
+
+def scoped_calls(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
+    """(scope, call) for every call of the file, its scope the module or the function
+    it is written in (one pass per file, shared by the rules that ask)."""
+
+    def build(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
+        return [
+            (scope, call)
+            for scope in walk(ctx.tree)
+            if isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef)
+            for call in own_calls(ctx, scope)
+        ]
+
+    return ctx.shared("unpicklable.scoped_calls", build)
 
 
 def _assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign]]:

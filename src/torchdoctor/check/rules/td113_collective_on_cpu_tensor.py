@@ -5,7 +5,7 @@ from typing import ClassVar
 
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._unpicklable import Finder, own_calls
+from torchdoctor.check.rules._unpicklable import Finder, scoped_calls
 
 _DIST = ("torch.distributed.",)
 # Collectives and the positions of their input tensor (or tensor list) arguments: the
@@ -95,40 +95,39 @@ class CollectiveOnCpuTensor(Rule):
         if init is None and (self._starts_group() or self.ctx.project.nccl_start is None):
             return  # this file starts a non-NCCL group, or nothing starts an NCCL one
         where = f"line {init.lineno}" if init is not None else f"`{self.ctx.project.nccl_start}`"
-        for scope in walk(self.ctx.tree):
-            if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
+        finders: dict[int, Finder] = {}
+        for scope, call in scoped_calls(self.ctx):
+            func = call.func
+            last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if last not in _COLLECTIVES:
+                continue  # cheap first: the qualified name is looked up for few calls
+            name = self.ctx.qualname(func) or ""
+            if not name.startswith(_DIST):
                 continue
-            finder = Finder(self.ctx, scope)
-            for call in own_calls(self.ctx, scope):
-                func = call.func
-                last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                if last not in _COLLECTIVES:
-                    continue  # cheap first: the qualified name is looked up for few calls
-                name = self.ctx.qualname(func) or ""
-                if not name.startswith(_DIST):
-                    continue
-                for index in _COLLECTIVES[last]:
-                    if index < len(call.args):
-                        self._check(call, call.args[index], finder, where)
+            finder = finders.get(id(scope))
+            if finder is None:
+                finder = finders[id(scope)] = Finder(self.ctx, scope)
+            for index in _COLLECTIVES[last]:
+                if index < len(call.args):
+                    self._check(call, call.args[index], finder, where)
 
     def _nccl_init(self) -> ast.Call | None:
         if "init_process_group" not in self.ctx.source:
             return None
-        for scope in walk(self.ctx.tree):
-            if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
+        for scope, call in scoped_calls(self.ctx):
+            if getattr(call.func, "attr", getattr(call.func, "id", "")) != "init_process_group":
+                continue  # cheap first: the qualified name is looked up for few calls
+            if (self.ctx.qualname(call.func) or "") != "torch.distributed.init_process_group":
                 continue
-            for call in own_calls(self.ctx, scope):
-                if (self.ctx.qualname(call.func) or "") != "torch.distributed.init_process_group":
-                    continue
-                backend = call.args[0] if call.args else None
-                backend = next((k.value for k in call.keywords if k.arg == "backend"), backend)
-                if isinstance(backend, ast.Name):  # bound in the function, else in the module
-                    name = backend.id
-                    backend = Finder(self.ctx, scope).binding(name, call.lineno)
-                    if backend is None and scope is not self.ctx.tree:
-                        backend = Finder(self.ctx, self.ctx.tree).binding(name, 10**9)
-                if _may_be_nccl(backend):
-                    return call
+            backend = call.args[0] if call.args else None
+            backend = next((k.value for k in call.keywords if k.arg == "backend"), backend)
+            if isinstance(backend, ast.Name):  # bound in the function, else in the module
+                name = backend.id
+                backend = Finder(self.ctx, scope).binding(name, call.lineno)
+                if backend is None and scope is not self.ctx.tree:
+                    backend = Finder(self.ctx, self.ctx.tree).binding(name, 10**9)
+            if _may_be_nccl(backend):
+                return call
         return None
 
     def _default_device_may_differ(self, line: int) -> bool:

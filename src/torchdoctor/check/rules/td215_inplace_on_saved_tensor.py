@@ -50,6 +50,11 @@ class _State:
             self.saved.setdefault(name, why)
 
 
+# What an in-place write looks like in text: `x += y`, `x.mul_(` (not `__init__(`),
+# `inplace=True`, `x[i] = v`.
+_INPLACE_TEXT = re.compile(r"(?:[-+*/@%&|^]|//|\*\*|<<|>>)=|[a-z0-9]_\(|inplace|\]\s*=(?!=)")
+
+
 class InplaceOnSavedTensor(Rule):
     """An in-place op on a tensor that autograd saved for the backward pass.
 
@@ -112,6 +117,8 @@ class InplaceOnSavedTensor(Rule):
         for cls in walk(self.ctx.tree):
             if not isinstance(cls, ast.ClassDef) or not self.ctx.is_module_class(cls):
                 continue
+            if not _INPLACE_TEXT.search(self.ctx.segment(cls)):
+                continue  # cheap first: no in-place write in the class's text
             layers = self._layers(cls)
             methods = [
                 m

@@ -6,10 +6,11 @@ from typing import ClassVar
 
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, own_calls
+from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, scoped_calls
 
 _MODULE_METHODS = frozenset({"cpu", "to", "cuda", "eval", "train", "half", "float"})
 _PICKLES = frozenset({"pickle.dump", "pickle.dumps", "torch.save", "torch.serialization.save"})
+_PICKLE_NAMES = frozenset(name.rsplit(".", 1)[-1] for name in _PICKLES)
 # Names that, in PyTorch code, mean a module when nothing else is known (as TD401).
 _MODEL_NAME = re.compile(
     r"(model|net|network|generator|discriminator|encoder|decoder|classifier|backbone)"
@@ -116,31 +117,30 @@ class UnpicklableModuleAttribute(Rule):
         """Lambdas given to `cls(...)` for a parameter that `__init__` stores on self."""
         init = next(m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__")
         positional = [a.arg for a in init.args.args[1:]]
-        for scope in walk(self.ctx.tree):
-            if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
+        for scope, call in scoped_calls(self.ctx):
+            if not (isinstance(call.func, ast.Name) and call.func.id == cls.name):
                 continue
             finder = Finder(self.ctx, scope)
-            for call in own_calls(self.ctx, scope):
-                if not (isinstance(call.func, ast.Name) and call.func.id == cls.name):
-                    continue
-                given = dict(zip(positional, call.args, strict=False))
-                given.update({k.arg: k.value for k in call.keywords if k.arg})
-                for param, attr in stored.items():
-                    for u in finder.find(given.get(param), call.lineno, depth=1):
-                        self._report(u, f"`self.{attr}` of `{cls.name}`", saved)
+            given = dict(zip(positional, call.args, strict=False))
+            given.update({k.arg: k.value for k in call.keywords if k.arg})
+            for param, attr in stored.items():
+                for u in finder.find(given.get(param), call.lineno, depth=1):
+                    self._report(u, f"`self.{attr}` of `{cls.name}`", saved)
 
     def _pickled_module(self) -> ast.Call | None:
         """A call in this file that pickles a whole module, if any."""
-        for scope in walk(self.ctx.tree):
-            if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            for call in own_calls(self.ctx, scope):
-                if (
-                    call.args
-                    and (self.ctx.qualname(call.func) or "") in _PICKLES
-                    and self._is_module(call.args[0], scope, call.lineno)
-                ):
-                    return call
+        if not any(f"{last}(" in self.ctx.source for last in _PICKLE_NAMES):
+            return None  # cheap first: most files with a lambda pickle nothing
+        for scope, call in scoped_calls(self.ctx):
+            func = call.func
+            last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if (
+                call.args
+                and last in _PICKLE_NAMES
+                and (self.ctx.qualname(func) or "") in _PICKLES
+                and self._is_module(call.args[0], scope, call.lineno)
+            ):
+                return call
         return None
 
     def _is_module(self, obj: ast.expr, scope: ast.AST, line: int) -> bool:
