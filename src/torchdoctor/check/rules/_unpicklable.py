@@ -13,7 +13,7 @@ import ast
 import functools
 from dataclasses import dataclass
 
-from torchdoctor.check.context import FileContext, iter_children, walk
+from torchdoctor.check.context import FileContext, child_fields, iter_children, walk
 
 # Callees that store the functions they are given: class constructors and these.
 _STORING = frozenset({"partial", "functools.partial"})
@@ -47,20 +47,38 @@ def module_lambdas(tree: ast.Module) -> set[str]:
     }
 
 
+_SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
 def own_nodes(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
     """The nodes of `scope`, not those of the functions and classes defined inside it
-    (computed once per scope and file: several rules and every `Finder` ask)."""
-    cache: dict[int, list[ast.AST]] = ctx.shared("unpicklable.own_nodes", lambda _: {})
-    found = cache.get(id(scope))
-    if found is None:
-        found = cache[id(scope)] = []
-        # operators and contexts (`Load`, `Add`) left out: no caller looks for them
-        todo = iter_children(scope, operators=False)
-        while todo:
-            node = todo.pop()
-            found.append(node)
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                todo.extend(iter_children(node, operators=False))
+    (operators and contexts such as `Load` left out: no caller looks for them)."""
+    return ctx.shared("unpicklable.own_nodes", _own_nodes_of_every_scope)[id(scope)]
+
+
+def _own_nodes_of_every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
+    """id(scope) -> its own nodes, for every scope of the file, in one depth-first pass
+    (each scope's nodes in the order a walk of that scope alone would give)."""
+    table = child_fields(want_operators=False)
+    found: dict[int, list[ast.AST]] = {id(ctx.tree): []}
+    todo: list[tuple[ast.AST, list[ast.AST]]] = [
+        (child, found[id(ctx.tree)]) for child in iter_children(ctx.tree, operators=False)
+    ]
+    while todo:
+        node, owner = todo.pop()
+        owner.append(node)
+        if isinstance(node, _SCOPES):
+            owner = found[id(node)] = []
+        fields = table.get(node.__class__)
+        if fields is None:
+            todo.extend((c, owner) for c in iter_children(node, operators=False))
+            continue
+        for name in fields:
+            value = getattr(node, name, None)
+            if value.__class__ is list:
+                todo.extend((item, owner) for item in value if isinstance(item, ast.AST))
+            elif isinstance(value, ast.AST):
+                todo.append((value, owner))
     return found
 
 
