@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.gloo_race import run_past_gloo_exit_race
 from torchdoctor.catalog import catalog
 from torchdoctor.check.config import load_settings, tomllib
 
@@ -194,15 +195,17 @@ def _run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("FORCE_COLOR", None)
     env["NO_COLOR"] = "1"
-    return subprocess.run(
-        command,
-        shell=True,
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
+    return run_past_gloo_exit_race(  # the multi-GPU example runs a real gloo job
+        lambda: subprocess.run(
+            command,
+            shell=True,
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
     )
 
 

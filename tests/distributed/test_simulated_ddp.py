@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gloo_race import run_past_gloo_exit_race
 from torchdoctor.errors import UsageError
 from torchdoctor.runtime.sim.ranks import worker_command
 
@@ -28,20 +29,12 @@ def _env() -> dict[str, str]:
     return env
 
 
-# Gloo's worker threads can outlive the interpreter when a rank exits under heavy load:
-# C++ then aborts the rank with this line (pytorch/pytorch#179291, open upstream). It is
-# a race in torch's shutdown, not in what is tested, so such a run is tried once more.
-GLOO_EXIT_RACE = "terminate called without an active exception"
-
-
 def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    for _ in range(2):
-        result = subprocess.run(
+    return run_past_gloo_exit_race(
+        lambda: subprocess.run(
             command, capture_output=True, text=True, timeout=600, env=_env(), check=False
         )
-        if result.returncode == 0 or GLOO_EXIT_RACE not in result.stderr:
-            break
-    return result
+    )
 
 
 def simulated(
