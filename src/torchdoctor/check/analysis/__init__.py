@@ -54,6 +54,8 @@ interpreters see the per-file objects above them only through protocols):
                   seeding of parameters from call sites in the file and the project
 - `project_facts` cross-file call facts (what other files pass to a function) and
                   `build_project`, the ProjectIndex of a whole run
+- `scope_index`   each module's and function's own nodes, calls and assignments, one
+                  pass per file (the rules that look at calls scope by scope)
 - `gpu_gates`     code that runs only where a GPU is (skip decorators on a test or its
                   class) or needs one anyway (GPU-only packages, torch.cuda APIs)
 - `names`, `grad_contexts`, `events`, `functions`, `event_collector`: training-loop

@@ -13,7 +13,8 @@ import ast
 import functools
 from dataclasses import dataclass
 
-from torchdoctor.check.context import FileContext, child_fields, iter_children, walk
+from torchdoctor.check.analysis.scope_index import assignments
+from torchdoctor.check.context import FileContext, walk
 
 # Callees that store the functions they are given: class constructors and these.
 _STORING = frozenset({"partial", "functools.partial"})
@@ -45,77 +46,6 @@ def module_lambdas(tree: ast.Module) -> set[str]:
         for target in stmt.targets
         if isinstance(target, ast.Name)
     }
-
-
-_SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-def own_nodes(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
-    """The nodes of `scope`, not those of the functions and classes defined inside it
-    (operators and contexts such as `Load` left out: no caller looks for them)."""
-    return ctx.shared("unpicklable.own_nodes", _own_nodes_of_every_scope)[id(scope)]
-
-
-def _own_nodes_of_every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
-    """id(scope) -> its own nodes, for every scope of the file, in one depth-first pass
-    (each scope's nodes in the order a walk of that scope alone would give)."""
-    table = child_fields(want_operators=False)
-    found: dict[int, list[ast.AST]] = {id(ctx.tree): []}
-    todo: list[tuple[ast.AST, list[ast.AST]]] = [
-        (child, found[id(ctx.tree)]) for child in iter_children(ctx.tree, operators=False)
-    ]
-    while todo:
-        node, owner = todo.pop()
-        owner.append(node)
-        if isinstance(node, _SCOPES):
-            owner = found[id(node)] = []
-        fields = table.get(node.__class__)
-        if fields is None:
-            todo.extend((c, owner) for c in iter_children(node, operators=False))
-            continue
-        for name in fields:
-            value = getattr(node, name, None)
-            if value.__class__ is list:
-                todo.extend((item, owner) for item in value if isinstance(item, ast.AST))
-            elif isinstance(value, ast.AST):
-                todo.append((value, owner))
-    return found
-
-
-def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
-    """The calls of `scope` itself (see `own_nodes`)."""
-    return [n for n in own_nodes(ctx, scope) if isinstance(n, ast.Call)]
-
-
-def scoped_calls(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
-    """(scope, call) for every call of the file, its scope the module or the function
-    it is written in (one pass per file, shared by the rules that ask)."""
-
-    def build(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
-        return [
-            (scope, call)
-            for scope in walk(ctx.tree)
-            if isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef)
-            for call in own_calls(ctx, scope)
-        ]
-
-    return ctx.shared("unpicklable.scoped_calls", build)
-
-
-def _assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign]]:
-    """Plain `name = value` statements of `scope`, by name (once per scope and file)."""
-    cache: dict[int, dict[str, list[ast.Assign]]] = ctx.shared(
-        "unpicklable.assignments", lambda _: {}
-    )
-    found = cache.get(id(scope))
-    if found is None:
-        found = cache[id(scope)] = {}
-        for node in own_nodes(ctx, scope):
-            if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    if isinstance(target, ast.Name):
-                        found.setdefault(target.id, []).append(node)
-    return found
 
 
 class Finder:
@@ -167,7 +97,7 @@ class Finder:
         """The value of the latest plain `name = value` before line `before` in scope."""
         latest: ast.expr | None = None
         latest_line = -1
-        for node in _assignments(self.ctx, self.scope).get(name, ()):
+        for node in assignments(self.ctx, self.scope).get(name, ()):
             if latest_line < node.lineno < before:
                 latest, latest_line = node.value, node.lineno
         return latest

@@ -3,9 +3,10 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
+from torchdoctor.check.analysis.scope_index import scoped_calls
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._unpicklable import Finder, scoped_calls
+from torchdoctor.check.rules._unpicklable import Finder
 
 _DIST = ("torch.distributed.",)
 # Collectives and the positions of their input tensor (or tensor list) arguments: the

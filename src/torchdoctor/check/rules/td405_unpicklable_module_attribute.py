@@ -4,9 +4,10 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.scope_index import scoped_calls
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, scoped_calls
+from torchdoctor.check.rules._unpicklable import Finder, Unpicklable
 
 _MODULE_METHODS = frozenset({"cpu", "to", "cuda", "eval", "train", "half", "float"})
 _PICKLES = frozenset({"pickle.dump", "pickle.dumps", "torch.save", "torch.serialization.save"})

@@ -5,9 +5,10 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torchdoctor.check.analysis.scope_index import own_nodes
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._unpicklable import Finder, own_nodes
+from torchdoctor.check.rules._unpicklable import Finder
 
 _SAVES = frozenset({"torch.save", "torch.serialization.save"})
 _LOADS = frozenset({"torch.load", "torch.serialization.load"})

@@ -3,9 +3,10 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
+from torchdoctor.check.analysis.scope_index import own_calls
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, local_functions, own_calls
+from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, local_functions
 
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 _FORK = frozenset({"fork"})
