@@ -21,6 +21,7 @@ class _Save:
     call: ast.Call
     scope: ast.AST  # the function (or module) the save is in
     path: str  # the text of the file argument
+    path_node: ast.expr
     whole: str | None  # what non-tensor object the whole saved value is, if one
     keys: dict[str, str]  # dict key -> what non-tensor object its value is
 
@@ -33,7 +34,9 @@ class WeightsOnlyLoadOfObjects(Rule):
     `torch.save` holding objects other than tensors, numbers, strings and plain
     containers: a whole module, a NumPy array, an `argparse.Namespace` (`args` from
     `parse_args()`), an instance of a class of the project. The save and the load are
-    matched by the file expression (`torch.save(x, path)` ... `torch.load(path)`) or by
+    matched by the file expression (`torch.save(x, path)` ... `torch.load(path)`; a
+    formatted name read back matches the literal names it can be: `cache / f"{split}_ds"`
+    reads what `cache / "train_ds"` wrote) or by
     the keys the loaded dict is read with (`ckpt["args"]` where a saved dict has
     `"args": args`). Quiet when the file registers safe globals
     (`add_safe_globals`, `safe_globals`) or the configured `target-version` is older
@@ -81,7 +84,7 @@ class WeightsOnlyLoadOfObjects(Rule):
         if "safe_globals" in source or "save(" not in source or "load(" not in source:
             return  # a safe-globals registry, or not both a save and a load to match
         # every (scope, file expression) `torch.save` writes to, with the line
-        self.written: list[tuple[ast.AST, str, int]] = []
+        self.written: list[tuple[ast.AST, str, int, ast.expr]] = []
         saves: list[_Save] = []
         loads: list[tuple[ast.Call, ast.AST]] = []
         for scope in walk(self.ctx.tree):
@@ -94,7 +97,7 @@ class WeightsOnlyLoadOfObjects(Rule):
                 if name in _SAVES:
                     path = node.args[1] if len(node.args) > 1 else _keyword(node, "f")
                     if path is not None:
-                        self.written.append((scope, self.ctx.segment(path), node.lineno))
+                        self.written.append((scope, self.ctx.segment(path), node.lineno, path))
                     save = self._save(node, scope)
                     if save is not None:
                         saves.append(save)
@@ -130,7 +133,7 @@ class WeightsOnlyLoadOfObjects(Rule):
             whole = self._object(obj, scope, call.lineno)
         if whole is None:
             return None
-        return _Save(call, scope, self.ctx.segment(path), whole, keys)
+        return _Save(call, scope, self.ctx.segment(path), path, whole, keys)
 
     def _object(self, value: ast.expr, scope: ast.AST, line: int, depth: int = 2) -> str | None:
         """What non-tensor object `value` is ("an `argparse.Namespace`", ...), if known."""
@@ -242,10 +245,10 @@ class WeightsOnlyLoadOfObjects(Rule):
         # buffers); those loads are matched by the keys they read only.
         local = isinstance(source, ast.Name) and scope is not self.ctx.tree
         for save in saves:
-            if save.path == text and not local:
-                self._report(load, save, save.whole or "", f"to `{text}`")
+            if not local and _same_file(save.path_node, source):
+                self._report(load, save, save.whole or "", f"to `{save.path}`")
                 return
-        if any(w[1] == text for w in self.written) and not local:
+        if any(_same_file(w[3], source) for w in self.written) and not local:
             return  # written here with plain data only
         read = self._keys_read(load, scope)
         for save in saves:
@@ -294,6 +297,34 @@ def _enclosing_class(tree: ast.Module, scope: ast.AST) -> ast.ClassDef | None:
         if isinstance(node, ast.ClassDef) and any(m is scope for m in node.body):
             return node
     return None
+
+
+def _same_file(saved: ast.AST, loaded: ast.AST) -> bool:
+    """The two file expressions name the same file: written alike, where a formatted
+    name read back may stand for a literal one written (`cache / f"{tag}_data"` reads
+    what `cache / "train_data"` wrote)."""
+    if isinstance(loaded, ast.JoinedStr) and isinstance(saved, ast.Constant):
+        return isinstance(saved.value, str) and _template(loaded).fullmatch(saved.value) is not None
+    if type(saved) is not type(loaded):
+        return False
+    if isinstance(saved, ast.Constant | ast.expr_context):
+        return ast.dump(saved) == ast.dump(loaded)
+    for (_, a), (_, b) in zip(ast.iter_fields(saved), ast.iter_fields(loaded), strict=True):
+        if isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b) or not all(map(_same_file, a, b)):
+                return False
+        elif isinstance(a, ast.AST) and isinstance(b, ast.AST):
+            if not _same_file(a, b):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def _template(text: ast.JoinedStr) -> re.Pattern[str]:
+    """The names an f-string can give: its literal parts, anything for each field."""
+    parts = [re.escape(v.value) if isinstance(v, ast.Constant) else ".+" for v in text.values]
+    return re.compile("".join(parts), re.DOTALL)
 
 
 def _literal(text: str) -> bool:
