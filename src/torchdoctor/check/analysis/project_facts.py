@@ -20,7 +20,8 @@ import re
 from collections.abc import Iterable
 
 from torchdoctor.check.analysis.file_flow import file_flow
-from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value
+from torchdoctor.check.analysis.values import UNKNOWN, Kind, Passed, Value
+from torchdoctor.check.analysis.wraps import wrapped_arguments
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import as_lf
 from torchdoctor.check.project import CLASS_HEADER, CallFact, ProjectIndex, scan_classes
@@ -205,6 +206,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     """Index `sources`: texts, or (path, text) pairs (paths name files in messages)."""
     index = ProjectIndex()
     candidates: list[tuple[str, str]] = []
+    wrapping: list[tuple[str, str]] = []  # files that may hand a wrapped model on
     moving: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
@@ -222,9 +224,34 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         count += 1
         if is_candidate(source):
             candidates.append((path, source))
+        if ("DataParallel" in source or "DDP" in source) and "import" in source:
+            wrapping.append((path, source))
     index.moving_classes = frozenset(moving)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
     index.resolve()
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)
+    if wrapping and count > 1:
+        index.wrapped_arguments = _wrapped_arguments(index, wrapping)
     return index
+
+
+def _wrapped_arguments(
+    index: ProjectIndex, files: Iterable[tuple[str, str]]
+) -> dict[str, tuple[tuple[str, Passed], ...]]:
+    """Function name -> the models wrapped in DataParallel/DDP that `files` hand it."""
+    found: dict[str, list[tuple[str, Passed]]] = {}
+    for path, source in files:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            continue
+        ctx = FileContext(path, source, tree, index)
+        try:
+            for name, facts in wrapped_arguments(ctx).items():
+                found.setdefault(name, []).extend(facts)
+        except RecursionError:
+            continue
+        finally:
+            ctx.close()
+    return {name: tuple(facts) for name, facts in found.items()}

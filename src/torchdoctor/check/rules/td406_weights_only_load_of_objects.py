@@ -323,7 +323,7 @@ def _same_file(saved: ast.AST, loaded: ast.AST) -> bool:
 
 def _template(text: ast.JoinedStr) -> re.Pattern[str]:
     """The names an f-string can give: its literal parts, anything for each field."""
-    parts = [re.escape(v.value) if isinstance(v, ast.Constant) else ".+" for v in text.values]
+    parts = [re.escape(str(v.value)) if isinstance(v, ast.Constant) else ".+" for v in text.values]
     return re.compile("".join(parts), re.DOTALL)
 
 
