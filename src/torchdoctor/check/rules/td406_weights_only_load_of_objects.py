@@ -307,8 +307,9 @@ def _same_file(saved: ast.AST, loaded: ast.AST) -> bool:
         return isinstance(saved.value, str) and _template(loaded).fullmatch(saved.value) is not None
     if type(saved) is not type(loaded):
         return False
-    if isinstance(saved, ast.Constant | ast.expr_context):
-        return ast.dump(saved) == ast.dump(loaded)
+    if isinstance(saved, ast.Constant):  # (not ast.dump: its recursive closure is a cycle)
+        value = loaded.value  # type: ignore[attr-defined]
+        return type(saved.value) is type(value) and saved.value == value
     for (_, a), (_, b) in zip(ast.iter_fields(saved), ast.iter_fields(loaded), strict=True):
         if isinstance(a, list) and isinstance(b, list):
             if len(a) != len(b) or not all(map(_same_file, a, b)):
