@@ -87,6 +87,10 @@ class ProjectIndex:
     # that hand it a model wrapped in DataParallel/DDP on some path (analysis/wraps.py;
     # TD404 asks in the file that defines the function).
     wrapped_arguments: dict[str, tuple[tuple[str, Passed], ...]] = field(default_factory=dict)
+    # Generic class name -> the project classes it is built with as a type argument
+    # (`Store[Record](...)`): (the argument's dotted name, file, line)
+    # (analysis/project_facts.generic_arguments; TD406 asks for `obj: T` parameters).
+    generic_arguments: dict[str, tuple[tuple[str, str, int], ...]] = field(default_factory=dict)
     # The folder the run checks from (the config root, or the working directory): rules
     # that judge a file by its path judge the part inside the project, not where the
     # project happens to live (`~/benchmarks/myproj/train.py` is no benchmark file).
@@ -125,6 +129,8 @@ class ProjectIndex:
             text += "\nnccl:" + self.nccl_start
         if self.batchnorm_classes:
             text += "\nbatchnorm:" + ",".join(sorted(self.batchnorm_classes))
+        if self.generic_arguments:
+            text += "\ngeneric:" + repr(sorted(self.generic_arguments.items()))
         if self.wrapped_arguments:
             text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
         if self.call_facts:  # and whenever the cross-file call facts change

@@ -207,6 +207,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     index = ProjectIndex()
     candidates: list[tuple[str, str]] = []
     wrapping: list[tuple[str, str]] = []  # files that may hand a wrapped model on
+    generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`
     moving: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
@@ -226,6 +227,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             candidates.append((path, source))
         if ("DataParallel" in source or "DDP" in source) and "import" in source:
             wrapping.append((path, source))
+        if _GENERIC_BUILD.search(source):
+            generic.append((path, source))
     index.moving_classes = frozenset(moving)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
     index.resolve()
@@ -233,7 +236,45 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         index.call_facts = collect(index, candidates)
     if wrapping and count > 1:
         index.wrapped_arguments = _wrapped_arguments(index, wrapping)
+    if generic:
+        index.generic_arguments = generic_arguments(index, generic)
     return index
+
+
+# `Store[Record](...)`: a generic class built with a class as its type argument.
+_GENERIC_BUILD = re.compile(r"\b[A-Z]\w*\[\s*[A-Za-z_][\w.]*\s*\]\s*\(")
+
+
+def generic_arguments(
+    index: ProjectIndex, files: Iterable[tuple[str, str]]
+) -> dict[str, tuple[tuple[str, str, int], ...]]:
+    """Generic class name -> the classes of the project it is built with as a type
+    argument (`ObjectStore[Record](root)`): a class the project defines, or one imported
+    from the package the building file belongs to (its top package names a folder of
+    the file's path)."""
+    found: dict[str, list[tuple[str, str, int]]] = {}
+    for path, source in files:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            continue
+        ctx = FileContext(path, source, tree, index)
+        folders = set(re.split(r"[\\/]", path)[:-1])
+        try:
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
+                    continue
+                generic, argument = node.func.value, node.func.slice
+                if not isinstance(argument, ast.Name | ast.Attribute):
+                    continue
+                name = ctx.qualname(argument) or ""
+                owner = name.split(".", 1)[0]
+                if name.rsplit(".", 1)[-1] in index.bases or ("." in name and owner in folders):
+                    cls = ast.unparse(generic).rsplit(".", 1)[-1]
+                    found.setdefault(cls, []).append((name, path, node.lineno))
+        finally:
+            ctx.close()
+    return {name: tuple(facts) for name, facts in found.items()}
 
 
 def _wrapped_arguments(

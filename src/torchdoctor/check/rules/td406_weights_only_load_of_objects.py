@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -38,7 +40,9 @@ class WeightsOnlyLoadOfObjects(Rule):
     formatted name read back matches the literal names it can be: `cache / f"{split}_ds"`
     reads what `cache / "train_ds"` wrote) or by
     the keys the loaded dict is read with (`ckpt["args"]` where a saved dict has
-    `"args": args`). Quiet when the file registers safe globals
+    `"args": args`), or, in two methods of one class, by paths from the same method
+    (`path = self._file(key)`). A saved `obj: T` of a generic class holds what the
+    project builds that class with (`Store[Record](...)`, a class of the project). Quiet when the file registers safe globals
     (`add_safe_globals`, `safe_globals`) or the configured `target-version` is older
     than torch 2.6.
 
@@ -162,6 +166,9 @@ class WeightsOnlyLoadOfObjects(Rule):
             bound = Finder(self.ctx, scope).binding(value.id, line)
             if bound is not None:
                 return self._object(bound, scope, line, depth - 1)
+            generic = self._type_argument(value.id, scope)
+            if generic is not None:
+                return generic
             if scope is not self.ctx.tree and _MODEL_NAME.fullmatch(value.id):
                 params = getattr(scope, "args", None)
                 if params is not None and any(a.arg == value.id for a in params.args):
@@ -174,6 +181,33 @@ class WeightsOnlyLoadOfObjects(Rule):
         ):
             cls = _enclosing_class(self.ctx.tree, scope)
             return self._attribute_object(cls, value.attr) if cls is not None else None
+        return None
+
+    def _type_argument(self, name: str, scope: ast.AST) -> str | None:
+        """A parameter annotated with a type variable of its generic class (`obj: T` in
+        `class Store(Base[T])`), where the project builds that class with one of its own
+        classes as the argument (`Store[Record](...)`)."""
+        params = getattr(scope, "args", None)
+        arg = next((a for a in params.args if a.arg == name), None) if params else None
+        if arg is None or not isinstance(arg.annotation, ast.Name):
+            return None
+        var = arg.annotation.id
+        if not _is_type_var(self.ctx.tree, var, self.ctx.qualname):
+            return None
+        cls = _enclosing_class(self.ctx.tree, scope)
+        if cls is None or not any(
+            isinstance(base, ast.Subscript)
+            and any(isinstance(n, ast.Name) and n.id == var for n in ast.walk(base.slice))
+            for base in cls.bases
+        ):
+            return None
+        for argument, path, line in self.ctx.project.generic_arguments.get(cls.name, ()):
+            short = argument.rsplit(".", 1)[-1]
+            where = os.path.basename(path)
+            return (
+                f"a `{short}` object (`{name}: {var}`, and {where} line {line} builds "
+                f"`{cls.name}[{short}]`)"
+            )
         return None
 
     def _is_class_of_file(self, name: str) -> bool:
@@ -244,6 +278,15 @@ class WeightsOnlyLoadOfObjects(Rule):
         # A local name of another function is another file (`path` parameters, `b`
         # buffers); those loads are matched by the keys they read only.
         local = isinstance(source, ast.Name) and scope is not self.ctx.tree
+        maker = self._path_method(source, scope, load.lineno) if local else None
+        for save in saves if maker else ():
+            if self._path_method(
+                save.path_node, save.scope, save.call.lineno
+            ) == maker and _enclosing_class(self.ctx.tree, save.scope) is _enclosing_class(
+                self.ctx.tree, scope
+            ):
+                self._report(load, save, save.whole or "", f"to a path from `self.{maker}(...)`")
+                return
         for save in saves:
             if not local and _same_file(save.path_node, source):
                 self._report(load, save, save.whole or "", f"to `{save.path}`")
@@ -258,6 +301,21 @@ class WeightsOnlyLoadOfObjects(Rule):
                 if key in save.keys:
                     self._report(load, save, save.keys[key], f"with the key `{key!r}`")
                     return
+
+    def _path_method(self, path: ast.expr, scope: ast.AST, line: int) -> str | None:
+        """`_get_path` for a local name bound to `self._get_path(...)`: two methods of a
+        class that take their file paths from the same method of it use one store."""
+        if not isinstance(path, ast.Name) or scope is self.ctx.tree:
+            return None
+        bound = Finder(self.ctx, scope).binding(path.id, line)
+        if (
+            isinstance(bound, ast.Call)
+            and isinstance(bound.func, ast.Attribute)
+            and isinstance(bound.func.value, ast.Name)
+            and bound.func.value.id == "self"
+        ):
+            return bound.func.attr
+        return None
 
     def _keys_read(self, load: ast.Call, scope: ast.AST) -> list[str]:
         """The string keys the loaded value is read with (`state["args"]`)."""
@@ -290,6 +348,17 @@ class WeightsOnlyLoadOfObjects(Rule):
 
 def _keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _is_type_var(tree: ast.Module, name: str, qualname: Callable[[ast.expr], str | None]) -> bool:
+    """`name = TypeVar("name")` at module level."""
+    return any(
+        isinstance(stmt, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
+        and isinstance(stmt.value, ast.Call)
+        and (qualname(stmt.value.func) or "").rsplit(".", 1)[-1] == "TypeVar"
+        for stmt in tree.body
+    )
 
 
 def _enclosing_class(tree: ast.Module, scope: ast.AST) -> ast.ClassDef | None:
