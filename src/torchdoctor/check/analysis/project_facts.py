@@ -249,7 +249,8 @@ def generic_arguments(
     index: ProjectIndex, files: Iterable[tuple[str, str]]
 ) -> dict[str, tuple[tuple[str, str, int], ...]]:
     """Generic class name -> the classes of the project it is built with as a type
-    argument (`ObjectStore[Record](root)`): a class the project defines, or one imported
+    argument (`ObjectStore[Record](root)`): a class the project defines (in the building
+    file, or with bases anywhere), or one imported
     from the package the building file belongs to (its top package names a folder of
     the file's path)."""
     found: dict[str, list[tuple[str, str, int]]] = {}
@@ -260,6 +261,7 @@ def generic_arguments(
             continue
         ctx = FileContext(path, source, tree, index)
         folders = set(re.split(r"[\\/]", path)[:-1])
+        local = {c.name for c in tree.body if isinstance(c, ast.ClassDef)}
         try:
             for node in ast.walk(tree):
                 if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
@@ -269,7 +271,8 @@ def generic_arguments(
                     continue
                 name = ctx.qualname(argument) or ""
                 owner = name.split(".", 1)[0]
-                if name.rsplit(".", 1)[-1] in index.bases or ("." in name and owner in folders):
+                last = name.rsplit(".", 1)[-1]
+                if name in local or last in index.bases or ("." in name and owner in folders):
                     cls = ast.unparse(generic).rsplit(".", 1)[-1]
                     found.setdefault(cls, []).append((name, path, node.lineno))
         finally:

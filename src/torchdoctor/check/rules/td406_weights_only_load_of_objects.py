@@ -42,9 +42,9 @@ class WeightsOnlyLoadOfObjects(Rule):
     the keys the loaded dict is read with (`ckpt["args"]` where a saved dict has
     `"args": args`), or, in two methods of one class, by paths from the same method
     (`path = self._file(key)`). A saved `obj: T` of a generic class holds what the
-    project builds that class with (`Store[Record](...)`, a class of the project). Quiet when the file registers safe globals
-    (`add_safe_globals`, `safe_globals`) or the configured `target-version` is older
-    than torch 2.6.
+    project builds that class with (`Store[Record](...)`, a class of the project).
+    Quiet when the file registers safe globals (`add_safe_globals`, `safe_globals`) or
+    the configured `target-version` is older than torch 2.6.
 
     ## Why is this bad?
     Since torch 2.6 `torch.load` defaults to `weights_only=True`, which unpickles only
