@@ -225,7 +225,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         count += 1
         if is_candidate(source):
             candidates.append((path, source))
-        if ("DataParallel" in source or "DDP" in source) and "import" in source:
+        if ("DataParallel" in source or "DDP" in source) and _WRAPS.search(source):
             wrapping.append((path, source))
         if _GENERIC_BUILD.search(source):
             generic.append((path, source))
@@ -241,6 +241,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     return index
 
 
+# A model wrapped here (`DataParallel(model)`, `DDP(model, ...)`), to be handed on.
+_WRAPS = re.compile(r"\b(?:DataParallel|DDP)\s*\(")
 # `Store[Record](...)`: a generic class built with a class as its type argument.
 _GENERIC_BUILD = re.compile(r"\b[A-Z]\w*\[\s*[A-Za-z_][\w.]*\s*\]\s*\(")
 
