@@ -242,7 +242,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
 
 
 # A model wrapped here (`DataParallel(model)`, `DDP(model, ...)`), to be handed on.
-_WRAPS = re.compile(r"\b(?:DataParallel|DDP)\s*\(")
+_WRAPS = re.compile(r"(?:DataParallel|DDP)\s*\(")  # DistributedDataParallel( too
 # `Store[Record](...)`: a generic class built with a class as its type argument.
 _GENERIC_BUILD = re.compile(r"\b[A-Z]\w*\[\s*[A-Za-z_][\w.]*\s*\]\s*\(")
 
