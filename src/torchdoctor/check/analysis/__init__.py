@@ -56,6 +56,8 @@ interpreters see the per-file objects above them only through protocols):
                   `build_project`, the ProjectIndex of a whole run
 - `scope_index`   each module's and function's own nodes, calls and assignments, one
                   pass per file (the rules that look at calls scope by scope)
+- `cpu_evidence`  where a scope shows a value can be on a device by bringing it to the
+                  CPU elsewhere (`err.cpu().numpy()` ... `err.numpy()`)
 - `gpu_gates`     code that runs only where a GPU is (skip decorators on a test or its
                   class) or needs one anyway (GPU-only packages, torch.cuda APIs)
 - `names`, `grad_contexts`, `events`, `functions`, `event_collector`: training-loop

@@ -3,6 +3,7 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
+from torchdoctor.check.analysis.cpu_evidence import cpu_evidence_for
 from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.torch_api import (
@@ -121,6 +122,9 @@ class NumpyOnDevice(Rule):
         assert isinstance(call.func, ast.Attribute)
         receiver = call.func.value
         held = scope.value(receiver)
+        if held.place is Place.UNKNOWN and not held.grad:
+            self._check_evidence(scope, call, receiver)
+            return
         if held.kind not in (Kind.TENSOR, Kind.PARAMETER, Kind.BATCH):
             return
         if held.is_input or held.assumed or held.maybe:
@@ -147,6 +151,26 @@ class NumpyOnDevice(Rule):
             f"`{text}` {' and '.join(reasons)}: `.numpy()` raises {crash}; use `{insert}.numpy()`"
         )
         fix = self.ctx.fix(f"insert `{insert}`", self.ctx.insert_after(receiver, insert))
+        self.report(call, message, fix=fix)
+
+    def _check_evidence(self, scope: ScopeFlow, call: ast.Call, receiver: ast.expr) -> None:
+        """Where the value comes from is not known, but this scope brings it to the CPU
+        elsewhere (`err.data.cpu().numpy()` ... `err.data.numpy()`): it can be on a device."""
+        evidence = cpu_evidence_for(self.ctx, scope.node, receiver)
+        if evidence is None:
+            return
+        text = " ".join(self.ctx.segment(receiver).split())
+        if len(text) > 40:
+            text = text[:37] + "..."
+        moved = " ".join(self.ctx.segment(evidence.call).split())
+        if len(moved) > 40:
+            moved = "..." + moved[-37:]
+        message = (
+            f"`{text}` can be on a device (the same value is brought to the CPU at line "
+            f"{evidence.call.lineno}: `{moved}`): `.numpy()` raises `TypeError: can't "
+            "convert cuda:0 device type tensor to numpy` there; use `.cpu().numpy()`"
+        )
+        fix = self.ctx.fix("insert `.cpu()`", self.ctx.insert_after(receiver, ".cpu()"))
         self.report(call, message, fix=fix)
 
 
