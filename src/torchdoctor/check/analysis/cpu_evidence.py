@@ -34,7 +34,7 @@ _KEEP_ATTRS = _TENSOR_ATTRS_SAME | {"data"}
 _NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 # (id of a conditional node, which branch): If body/orelse, IfExp body/orelse, a
-# try's handlers, the right operands of `and`/`or`
+# try's body and else / each handler, the right operands of `and`/`or`
 _Branch = tuple[int, int]
 
 
@@ -160,7 +160,9 @@ def _children(node: ast.AST) -> list[tuple[ast.AST, _Branch | None]]:
             *((c, (key, 1)) for c in orelse),
         ]
     if isinstance(node, ast.Try):
-        out: list[tuple[ast.AST, _Branch | None]] = [(c, None) for c in node.body]
+        # the body is a branch too: a handler runs because it failed (`try: x.cpu()
+        # except AttributeError: x.numpy()` is about what x is, not where)
+        out: list[tuple[ast.AST, _Branch | None]] = [(c, (key, 0)) for c in node.body]
         for i, handler in enumerate(node.handlers, start=1):
             out.append((handler, (key, i)))
         out.extend((c, (key, 0)) for c in node.orelse)
