@@ -71,6 +71,8 @@ def _star_conventions(tree: ast.Module, aliases: dict[str, str]) -> dict[str, st
             wanted.discard(node.name)
         elif isinstance(node, ast.arg):
             wanted.discard(node.arg)
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            wanted.discard(node.name)
     return {name: STAR_CONVENTIONS[name] for name in wanted & used}
 
 
