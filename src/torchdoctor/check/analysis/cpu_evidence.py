@@ -32,6 +32,7 @@ _KEEP_METHODS = (
 )
 _KEEP_ATTRS = _TENSOR_ATTRS_SAME | {"data"}
 _NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 # (id of a conditional node, which branch): If body/orelse, IfExp body/orelse, a
 # try's body and else / each handler, the right operands of `and`/`or`
@@ -104,17 +105,23 @@ def _facts(ctx: FileContext, scope: ast.AST) -> _ScopeFacts:
 
 def _collect(scope: ast.AST) -> _ScopeFacts:
     facts = _ScopeFacts({}, {}, {})
-    todo: list[tuple[ast.AST, frozenset[_Branch]]] = [
-        (child, frozenset()) for child in ast.iter_child_nodes(scope)
+    # (node, its branches, the names comprehensions around it bind)
+    todo: list[tuple[ast.AST, frozenset[_Branch], frozenset[str]]] = [
+        (child, frozenset(), frozenset()) for child in ast.iter_child_nodes(scope)
     ]
     while todo:
-        node, branches = todo.pop()
+        node, branches, local = todo.pop()
         if isinstance(node, _NESTED):
             continue  # another scope (its defaults are rare enough to ignore)
+        if isinstance(node, _COMPREHENSIONS):
+            # `[e.cpu() for e in errs]`: that `e` is the comprehension's own
+            local = local | {
+                n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)
+            }
         facts.branches[id(node)] = branches
-        _note(node, branches, facts)
+        _note(node, branches, local, facts)
         for child, branch in _children(node):
-            todo.append((child, branches | {branch} if branch is not None else branches))
+            todo.append((child, branches | {branch} if branch is not None else branches, local))
     for positions in facts.stores.values():
         positions.sort()
     for evidence in facts.evidence.values():
@@ -122,14 +129,18 @@ def _collect(scope: ast.AST) -> _ScopeFacts:
     return facts
 
 
-def _note(node: ast.AST, branches: frozenset[_Branch], facts: _ScopeFacts) -> None:
+def _note(
+    node: ast.AST, branches: frozenset[_Branch], local: frozenset[str], facts: _ScopeFacts
+) -> None:
+    if isinstance(node, ast.Name) and node.id in local:
+        return  # a comprehension's own variable
     if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
         facts.stores.setdefault(node.id, []).append((node.lineno, node.col_offset))
     elif isinstance(node, ast.arg):
         facts.stores.setdefault(node.arg, []).append((node.lineno, node.col_offset))
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _to_cpu(node):
         name = root_name(node.func.value)
-        if name is not None:
+        if name is not None and name not in local:
             where = (node.lineno, node.col_offset)
             facts.evidence.setdefault(name, []).append(CpuEvidence(node, where, branches))
 
