@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.class_calls import argument_for, method_of, self_call_sites
 from torchdoctor.check.analysis.file_flow import file_flow
-from torchdoctor.check.analysis.file_loops import FileLoops, sibling_file
+from torchdoctor.check.analysis.file_loops import FileLoops, file_of, sibling_file
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.path_guards import (
     Cond,
@@ -166,9 +166,22 @@ def activation(
             method = method_of(fl, walk_.self_cls, key[5:])
             return _returned(fl, fi, expr, method, depth, walk_)
         return None
-    if isinstance(func, ast.Name) and func.id in fl.top and func.id not in fi.local_names():
-        return _returned(fl, fi, expr, fl.top[func.id], depth, walk_.to(None))
+    callee = _function_called(fl, fi, expr)
+    if callee is not None:
+        return _returned(fl, fi, expr, callee, depth, walk_.to(None))
     return _model_output(fl, fi, func, expr, depth, walk_)
+
+
+def _function_called(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> FunctionInfo | None:
+    """The plain function `f(...)` runs: the file's own, or one a sibling module defines
+    and this file imports (`from .utils import predict`, `utils.predict(...)`)."""
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in fi.local_names():
+        return None
+    found = fl.resolve(fi, call)
+    if found is None or found[1] or found[0].cls is not None:
+        return None
+    return found[0]
 
 
 def _self_conds(fi: FunctionInfo, expr: ast.AST) -> list[Cond]:
@@ -223,8 +236,8 @@ def _item_of_call(
     elif isinstance(func, ast.Attribute) and dotted(func.value) == "self" and walk_.self_cls:
         if not assigned_calls(fl, fi, f"self.{func.attr}"):
             callee = method_of(fl, walk_.self_cls, func.attr)
-    elif isinstance(func, ast.Name) and func.id in fl.top and func.id not in fi.local_names():
-        callee, inner = fl.top[func.id], walk_.to(None)
+    else:
+        callee, inner = _function_called(fl, fi, call), walk_.to(None)
     return _returned(fl, fi, call, callee, depth, inner, index)
 
 
@@ -239,8 +252,9 @@ def _returned(
 ) -> tuple[str, str] | None:
     """What every `return` of `callee` that can run under the walk's tests gives (item
     `index` of a returned tuple); a returned parameter is what `call` passes for it."""
-    if callee is None or fl.ctx.tree is not _tree_of(callee):
+    if callee is None:
         return None
+    owner = file_of(callee)  # this file, or the sibling module that defines it
     conds = walk_.conds
     if conds and subjects_assigned(callee.node, {c.subject for c in conds}):
         conds = []
@@ -269,22 +283,22 @@ def _returned(
             arg = argument_for(callee, call, value.id)
             results.append(None if arg is None else activation(fl, fi, arg, depth + 1, walk_))
         else:
-            results.append(activation(fl, callee, value, depth + 1, walk_))
+            results.append(activation(owner, callee, value, depth + 1, walk_))
         if results[-1] is None:
             return None
     kinds = {r[0] for r in results if r is not None}
     if first is None or len(kinds) != 1:
         return None
-    what = f"item {index} of the tuple it" if index is not None else "it"
+    what = f"item {index} of the tuple `{callee.name}` returns" if index is not None else ""
+    what = what or f"`{callee.name}` returns"
     proof = results[0][1] if results[0] is not None else ""
     return kinds.pop(), (
-        f"`{_short(fl.ctx, call)}`, and {what} returns is {proof} "
-        f"(`{callee.name}`, line {first.lineno})"
+        f"`{_short(fl.ctx, call)}` ({what}: {proof}, line {first.lineno}{_where(fl, owner)})"
     )
 
 
-def _tree_of(fi: FunctionInfo) -> ast.AST:
-    return fi.file.ctx.tree
+def _where(fl: FileLoops, owner: FileLoops) -> str:
+    return "" if owner is fl else f" in {owner.ctx.path.rsplit('/', 1)[-1]}"
 
 
 def _from_callers(
