@@ -17,10 +17,13 @@ from dataclasses import dataclass
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import walk
 
+TRUTHY: object = object()  # Cond.value of `if flag:`: bool(subject) is `equal`
+
 
 @dataclass(frozen=True)
 class Cond:
-    """`subject == value` (equal) or `subject != value` (not equal) holds."""
+    """`subject == value` (equal) or `subject != value` (not equal) holds; with value
+    TRUTHY, `bool(subject) == equal`."""
 
     subject: str  # dotted text: `self.method`, `args.task`
     value: object  # a constant (str, int, bool, None)
@@ -36,6 +39,9 @@ def _conds(test: ast.expr, holds: bool) -> list[Cond]:
         if isinstance(test.op, ast.And) == holds:
             return [c for v in test.values for c in _conds(v, holds)]
         return []
+    if isinstance(test, ast.Name | ast.Attribute):
+        subject = dotted(test)
+        return [] if subject is None else [Cond(subject, TRUTHY, holds)]
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
         return []
     left, right, op = test.left, test.comparators[0], test.ops[0]
@@ -110,16 +116,20 @@ def _contains(node: ast.AST, target: ast.AST) -> bool:
 
 def compatible(a: list[Cond], b: list[Cond]) -> bool:
     """Whether both lists can hold at once (False: they test one subject against each
-    other, `x == 1` with `x == 2`, or `x == 1` with `x != 1`)."""
-    for c in a:
-        for d in b:
-            if c.subject != d.subject:
-                continue
-            if c.equal and d.equal and c.value != d.value:
-                return False
-            if c.equal != d.equal and c.value == d.value:
-                return False
-    return True
+    other, `x == 1` with `x == 2`, `x == 1` with `x != 1`, `x` with `not x`, `x == 0`
+    with `x`)."""
+    return all(_agree(c, d) for c in a for d in b if c.subject == d.subject)
+
+
+def _agree(c: Cond, d: Cond) -> bool:
+    if c.value is TRUTHY and d.value is TRUTHY:
+        return c.equal == d.equal
+    if c.value is TRUTHY or d.value is TRUTHY:
+        truth, other = (c, d) if c.value is TRUTHY else (d, c)
+        return not other.equal or bool(other.value) == truth.equal
+    if c.equal and d.equal:
+        return bool(c.value == d.value)
+    return c.equal == d.equal or c.value != d.value
 
 
 def subjects_assigned(func: ast.AST, subjects: set[str]) -> bool:

@@ -97,6 +97,10 @@ class _Walk:
     self_cls: str | None
     conds: list[Cond] = field(default_factory=list)
     budget: list[int] = field(default_factory=lambda: [_BUDGET])
+    # tests on the loss function's own parameters (`if from_probs:`), checked against
+    # the constants its callers pass
+    params: list[Cond] = field(default_factory=list)
+    params_of: ast.AST | None = None
 
     def to(self, self_cls: str | None, conds: list[Cond] | None = None) -> _Walk:
         return _Walk(self_cls, self.conds if conds is None else conds, self.budget)
@@ -109,6 +113,7 @@ def activation(
     if walk_ is None:
         walk_ = _Walk(fi.cls.name if fi.cls is not None else None)
         walk_.conds = _self_conds(fi, expr)
+        walk_.params, walk_.params_of = _param_conds(fi, expr), fi.node
     if depth > _MAX_DEPTH or walk_.budget[0] <= 0:
         return None
     walk_.budget[0] -= 1
@@ -182,6 +187,33 @@ def _function_called(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> Functio
     if found is None or found[1] or found[0].cls is not None:
         return None
     return found[0]
+
+
+def _param_conds(fi: FunctionInfo, expr: ast.AST) -> list[Cond]:
+    """The tests on `fi`'s parameters (never reassigned) that hold where `expr` runs."""
+    params = set(fi.params()) | set(fi.keyword_params())
+    if not params:
+        return []
+    conds = [c for c in conditions_at(fi.node, expr) if c.subject in params]
+    return [c for c in conds if not subjects_assigned(fi.node, {c.subject})]
+
+
+def _passed_constant(fi: FunctionInfo, call: ast.Call, param: str) -> ast.Constant | None:
+    """The constant `call` passes for `param`, or its constant default when not passed."""
+    arg = argument_for(fi, call, param)
+    if arg is None and not isinstance(fi.node, ast.Module):
+        a = fi.node.args
+        if any(isinstance(x, ast.Starred) for x in call.args) or any(
+            k.arg is None for k in call.keywords
+        ):
+            return None  # *args / **kwargs may pass it
+        positional = [p.arg for p in (*a.posonlyargs, *a.args)]
+        if param in positional:
+            index = positional.index(param) - (len(positional) - len(a.defaults))
+            arg = a.defaults[index] if index >= 0 else None
+        elif param in [p.arg for p in a.kwonlyargs]:
+            arg = a.kw_defaults[[p.arg for p in a.kwonlyargs].index(param)]
+    return arg if isinstance(arg, ast.Constant) else None
 
 
 def _self_conds(fi: FunctionInfo, expr: ast.AST) -> list[Cond]:
@@ -317,6 +349,12 @@ def _from_callers(
         conds = walk_.conds + _self_conds(caller, call)
         if not compatible(walk_.conds, _self_conds(caller, call)):
             continue
+        if walk_.params_of is fi.node and not all(
+            (const := _passed_constant(fi, call, c.subject)) is None
+            or compatible([Cond(c.subject, const.value, True)], [c])
+            for c in walk_.params
+        ):
+            continue  # this caller's constant argument rules out the loss call's branch
         found = activation(fl, caller, arg, depth + 1, walk_.to(self_cls, conds))
         if found is not None:
             return found[0], (
