@@ -71,7 +71,7 @@ interpreters see the per-file objects above them only through protocols):
                   caller's evaluation region and count as runs before the caller's backward())
 - `loop_index` < `file_loops`   one file's training-loop facts, calls resolved to the
                   file's functions and to sibling modules it imports
-- `class_calls`   (above `loop_index`) methods looked up along a class's bases in the file (an inherited
+- `class_calls`   methods looked up along a class's bases in the file (an inherited
                   method's `self.forward` is the subclass's), and the `self.m(...)` call
                   sites of a method with the class `self` is there
 """
