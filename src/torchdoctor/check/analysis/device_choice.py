@@ -123,7 +123,7 @@ def _meets_input(
         return None
     if isinstance(statement, ast.Assign):
         made = {t.id for t in statement.targets if isinstance(t, ast.Name)}
-        uses = [
+        uses: list[ast.AST] = [
             sub
             for sub in ast.walk(function)
             if isinstance(sub, ast.BinOp | ast.Compare | ast.Call) and made & _names(sub)
