@@ -13,13 +13,13 @@ from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import FileContext, iter_children, spans_a_line
-from torchdoctor.check.rules._activations import (
+from torchdoctor.check.rules._activation_facts import (
     LOG_SOFTMAX,
     SIGMOID,
     SOFTMAX,
-    activation,
     assigned_calls,
 )
+from torchdoctor.check.rules._activations import activation
 
 __all__ = ["LOG_SOFTMAX", "SIGMOID", "SOFTMAX", "activation", "loss_calls", "loss_kind"]
 
