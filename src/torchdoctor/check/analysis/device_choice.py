@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.names import is_test_file
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ class DeviceChoice:
         script that simply runs on a GPU."""
         function = next((n for n in reversed(stack) if isinstance(n, _FUNCTIONS)), None)
         cls = next((n for n in reversed(stack) if isinstance(n, ast.ClassDef)), None)
-        if cls is not None and self.ctx.is_module_class(cls):
+        # judged by the class's own bases: a same-named module elsewhere does not count
+        if cls is not None and file_flow(self.ctx).is_module_class(cls):
             return (
                 f"`{cls.name}` is a torch module: its code runs on whatever device "
                 "its user moves it to"
@@ -121,6 +123,7 @@ def _meets_input(
     statement = next((n for n in reversed(stack) if isinstance(n, ast.stmt)), None)
     if not params or statement is None or statement is function:
         return None
+    uses: list[ast.AST]
     if isinstance(statement, ast.Assign):
         made = {t.id for t in statement.targets if isinstance(t, ast.Name)}
         uses: list[ast.AST] = [
