@@ -126,7 +126,7 @@ def _meets_input(
     uses: list[ast.AST]
     if isinstance(statement, ast.Assign):
         made = {t.id for t in statement.targets if isinstance(t, ast.Name)}
-        uses: list[ast.AST] = [
+        uses = [
             sub
             for sub in ast.walk(function)
             if isinstance(sub, ast.BinOp | ast.Compare | ast.Call) and made & _names(sub)
