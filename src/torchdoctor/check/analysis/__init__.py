@@ -54,6 +54,9 @@ interpreters see the per-file objects above them only through protocols):
                   seeding of parameters from call sites in the file and the project
 - `project_facts` cross-file call facts (what other files pass to a function) and
                   `build_project`, the ProjectIndex of a whole run
+- `path_guards`   what the `if` tests around a statement say (`self.task == "binary"`,
+                  `if flag:`), and whether two such sets can hold at once: a value followed
+                  from one method into another keeps only the branches that run together
 - `scope_index`   each module's and function's own nodes, calls and assignments, one
                   pass per file (the rules that look at calls scope by scope)
 - `cpu_evidence`  where a scope shows a value can be on a device by bringing it to the
@@ -73,4 +76,7 @@ interpreters see the per-file objects above them only through protocols):
                   caller's evaluation region and count as runs before the caller's backward())
 - `loop_index` < `file_loops`   one file's training-loop facts, calls resolved to the
                   file's functions and to sibling modules it imports
+- `class_calls`   methods looked up along a class's bases in the file (an inherited
+                  method's `self.forward` is the subclass's), and the `self.m(...)` call
+                  sites of a method with the class `self` is there
 """

@@ -406,6 +406,10 @@ class ScopeCalls(ScopeMoves):
                 device_line=recv.device_line,
                 grad=True,
             )
+        if method == "buffers":
+            # the module's buffers: plain tensors where the module is
+            buffer = Value(Kind.TENSOR, recv.place, device=recv.device, name="buffer")
+            return Value(Kind.CONTAINER, element=buffer)
         if method == "named_parameters":
             param = Value(Kind.PARAMETER, recv.place, device=recv.device, grad=True)
             return Value(Kind.CONTAINER, element=Value(Kind.CONTAINER, items=(UNKNOWN, param)))

@@ -229,3 +229,38 @@ def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern
     source = ctx.source
     starts = {line_start(source, at) for needle in needles for at in offsets(source, needle)}
     return [ctx.line_of_offset(s) for s in sorted(starts) if pattern.match(source, s)]
+
+
+def dead_loop_rebinding(scope: ast.AST, call: ast.expr) -> bool:
+    """`for v in xs: v = v.to(device)` where `call` is the value and `v` is read neither
+    later in the loop body nor after the loop: the loop variable is rebound and the result
+    is lost (the next pass binds `v` to the next item before any read)."""
+    loop: ast.For | ast.AsyncFor | None = None
+    assign: ast.Assign | None = None
+    for node in walk(scope):
+        if not isinstance(node, ast.For | ast.AsyncFor) or not isinstance(node.target, ast.Name):
+            continue
+        for stmt in node.body:
+            if (
+                isinstance(stmt, ast.Assign)
+                and stmt.value is call
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)
+                and stmt.targets[0].id == node.target.id
+            ):
+                loop, assign = node, stmt
+    if loop is None or assign is None or not isinstance(loop.target, ast.Name):
+        return False
+    name = loop.target.id
+    after = assign.end_lineno or assign.lineno
+    for node in walk(scope):
+        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Store):
+            if node.lineno > after:
+                return False  # read after the rebinding (later in the body or after the loop)
+        elif (
+            isinstance(node, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node is not scope
+            and any(isinstance(n, ast.Name) and n.id == name for n in walk(node))
+        ):
+            return False  # a closure may read it
+    return True

@@ -6,13 +6,15 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
-from torchdoctor.check.analysis.syntax import lines_matching
+from torchdoctor.check.analysis.syntax import dead_loop_rebinding, lines_matching
 from torchdoctor.check.analysis.values import Kind, Move, Place
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 # A statement that starts with a move: `x.to(device)`, `batch[0].cuda()`.
-_STATEMENT_MOVE = re.compile(r"[ \t]*[\w.]+(?:\[[^\]\n]*\])*\.(?:to|cuda|cpu)\(")
+_STATEMENT_MOVE = re.compile(
+    r"[ \t]*(?:\w+ = \w+\.(?:to|cuda|cpu)\(|[\w.]+(?:\[[^\]\n]*\])*\.(?:to|cuda|cpu)\()"
+)  # also `v = v.to(...)`: a loop variable rebound (dead_loop_rebinding)
 _MOVES = (".to(", ".cuda(", ".cpu(")  # on every line _STATEMENT_MOVE matches
 # Tests that expect the move to fail drop its result on purpose.
 _EXPECTS_ERROR = ("assertRaises", "raises", "assertWarns", "warns")
@@ -26,7 +28,9 @@ class DiscardedTo(Rule):
     whose result is dropped, when `x` is a tensor: a batch (or part of one) from a
     `DataLoader`, a tensor made by a factory or computed from one, a parameter, or
     an argument annotated `torch.Tensor`. `model.to(device)` on a module is fine
-    (`Module.to` moves the module in place) and is not reported.
+    (`Module.to` moves the module in place) and is not reported. Also
+    `for v in model.buffers(): v = v.to(device)` where `v` is not read again: the
+    loop variable is rebound, the buffer itself stays where it was.
 
     ## Why is this bad?
     `Tensor.to()` returns a *new* tensor and leaves `x` where it was. The line
@@ -78,7 +82,9 @@ class DiscardedTo(Rule):
         for node in dict.fromkeys(ff.innermost_scope(line) for line in lines):
             scope = ff.scope(node, callers=False)
             for move in scope.moves:
-                if move.dropped and self._is_tensor(move):
+                if self._is_tensor(move) and (
+                    move.dropped or dead_loop_rebinding(scope.node, move.call)
+                ):
                     self._report(scope, move)
 
     @staticmethod
@@ -106,6 +112,14 @@ class DiscardedTo(Rule):
             effect = "stays where it was"
             if move.before.kind is Kind.BATCH:
                 effect = f"stays on the CPU (a batch from {move.before.describe_origin()})"
+        if not move.dropped:
+            message = (
+                f"`{call}` does not change the item `{receiver}` was taken from: "
+                f"`Tensor.{_method(move)}` returns a new tensor, and rebinding the loop "
+                f"variable `{receiver}` to it (never read again) drops it, so the item {effect}"
+            )
+            self.report(move.call, message)
+            return
         message = (
             f"`{call}` does not change `{receiver}`: `Tensor.{_method(move)}` returns a new "
             f"tensor and this statement drops it, so `{receiver}` {effect}"

@@ -6,7 +6,6 @@ from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._loss_inputs import (
     CROSS_ENTROPY,
-    LOG_SOFTMAX,
     NLL,
     SOFTMAX,
     activation,
@@ -22,8 +21,8 @@ class SoftmaxIntoCrossEntropy(Rule):
     of `softmax` -- directly, through a variable, or from a model whose `forward`
     ends in a softmax or whose last layer is `nn.Softmax` -- and `F.nll_loss` /
     `nn.NLLLoss` calls given plain softmax probabilities instead of
-    log-probabilities. A `log_softmax` output fed to `cross_entropy` is reported
-    as redundant.
+    log-probabilities. A `log_softmax` output fed to `cross_entropy` is not
+    reported: log_softmax is idempotent, so the loss and its gradients are right.
 
     ## Why is this bad?
     `cross_entropy` applies `log_softmax` itself and expects raw logits. Given
@@ -33,9 +32,7 @@ class SoftmaxIntoCrossEntropy(Rule):
     as the model becomes confident, and training stalls at mediocre accuracy.
     `nll_loss` expects log-probabilities: given probabilities it minimises `-p`
     instead of `-log p`, so the loss is negative and confident mistakes are barely
-    penalised. `log_softmax` before `cross_entropy` computes the same value twice
-    (log_softmax is idempotent): not wrong, but wasted work, and usually a sign
-    that `NLLLoss` was meant.
+    penalised.
 
     ## Example
     ```python
@@ -87,12 +84,6 @@ class SoftmaxIntoCrossEntropy(Rule):
                     "model grows confident"
                 )
                 hint = "pass the logits (the values before softmax)"
-            elif kind == CROSS_ENTROPY and act == LOG_SOFTMAX:
-                message = (
-                    f"`{loss}` gets log-probabilities from {proof} and applies log_softmax "
-                    "again: the value is the same but the work is done twice"
-                )
-                hint = "pass the logits, or use `nll_loss` / `NLLLoss` on log-probabilities"
             elif kind == NLL and act == SOFTMAX:
                 message = (
                     f"`{loss}` expects log-probabilities but gets probabilities from {proof}: "

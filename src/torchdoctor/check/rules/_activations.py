@@ -1,0 +1,395 @@
+"""Whether a value is the output of a softmax, log-softmax or sigmoid (TD301, TD302, TD304).
+
+Not a rule (the leading underscore keeps the registry away). A value is followed back
+through assignments, tuple unpacking, shape-only ops (`permute`, `reshape`, `x[mask]`),
+`torch.cat` of such outputs, the returns of the function or method it comes from, and,
+for a parameter, the arguments its callers in the file pass. Along the way the `if`
+tests on `self.<setting>` that hold at the loss call prune the branches of a method that
+cannot run with it (`_activation_fn` returns a softmax when `self.method == "multiclass"`,
+the loss calls `cross_entropy` under the same test). Every step is a proof: anything not
+understood ends the walk with None.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from torchdoctor.check.analysis.class_calls import argument_for, method_of, self_call_sites
+from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.file_loops import FileLoops, file_of
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.path_guards import (
+    Cond,
+    compatible,
+    conditions_at,
+    subjects_assigned,
+)
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.values import Kind
+from torchdoctor.check.rules._activation_facts import (
+    _CLASS_OF,
+    _EMPTY_FACTORIES,
+    _FUNCTIONS,
+    _METHODS,
+    _MODULES,
+    _SAME_VALUES,
+    LOG_SOFTMAX,
+    SOFTMAX,
+    _binds,
+    _class_forward,
+    _is_empty,
+    _last_binding,
+    _module_activation,
+    _param_conds,
+    _passed_constant,
+    _self_conds,
+    _short,
+    _where,
+    assigned_calls,
+)
+
+_BUDGET = 400  # steps of one walk: a large class with many callers stays fast
+_MAX_DEPTH = 16
+
+
+@dataclass
+class _Walk:
+    """What holds along one walk: the class `self` is an instance of, the `self.<x> ==
+    c` tests known to hold at the loss call, and the steps left."""
+
+    self_cls: str | None
+    conds: list[Cond] = field(default_factory=list)
+    budget: list[int] = field(default_factory=lambda: [_BUDGET])
+    # tests on the loss function's own parameters (`if from_probs:`), checked against
+    # the constants its callers pass
+    params: list[Cond] = field(default_factory=list)
+    params_of: ast.AST | None = None
+
+    def to(self, self_cls: str | None, conds: list[Cond] | None = None) -> _Walk:
+        return _Walk(self_cls, self.conds if conds is None else conds, self.budget)
+
+
+def activation(
+    fl: FileLoops, fi: FunctionInfo, expr: ast.expr, depth: int = 0, walk_: _Walk | None = None
+) -> tuple[str, str] | None:
+    """(kind, proof) if `expr` is the output of a softmax / log-softmax / sigmoid."""
+    if walk_ is None:
+        walk_ = _Walk(fi.cls.name if fi.cls is not None else None)
+        walk_.conds = _self_conds(fi, expr)
+        walk_.params, walk_.params_of = _param_conds(fi, expr), fi.node
+    if depth > _MAX_DEPTH or walk_.budget[0] <= 0:
+        return None
+    walk_.budget[0] -= 1
+    ctx = fl.ctx
+    if isinstance(expr, ast.Name):
+        return _name(fl, fi, expr, depth, walk_)
+    if isinstance(expr, ast.Subscript):
+        return activation(fl, fi, expr.value, depth + 1, walk_)  # a part of the values
+    if not isinstance(expr, ast.Call):
+        return None
+    func = expr.func
+    name = ctx.qualname(func) or ""
+    if name in _FUNCTIONS:
+        return _FUNCTIONS[name], f"`{_short(ctx, expr)}` (line {expr.lineno})"
+    if name in ("torch.log", "torch.exp") and expr.args:
+        return _log_or_exp(fl, fi, expr, expr.args[0], name.endswith("log"), depth, walk_)
+    if name in ("torch.cat", "torch.stack", "torch.concat") and expr.args:
+        return _joined(fl, fi, expr, depth, walk_)
+    if isinstance(func, ast.Call):
+        kind = _MODULES.get(ctx.qualname(func.func) or "")
+        if kind:
+            return kind, f"`{_short(ctx, expr)}` (line {expr.lineno})"
+        return None
+    is_self = isinstance(func, ast.Attribute) and dotted(func.value) == "self"
+    if (
+        isinstance(func, ast.Attribute)
+        and not is_self
+        and ctx.qualname(func.value)
+        not in (
+            "torch",
+            "torch.nn.functional",
+        )
+    ):
+        if func.attr in _METHODS:
+            return _METHODS[func.attr], f"`{_short(ctx, expr)}` (line {expr.lineno})"
+        if func.attr in ("log", "exp") and not expr.args:
+            return _log_or_exp(fl, fi, expr, func.value, func.attr == "log", depth, walk_)
+        if func.attr in _SAME_VALUES:
+            return activation(fl, fi, func.value, depth + 1, walk_)
+    if isinstance(func, ast.Name) and func.id == "self" and walk_.self_cls:
+        return _returned(fl, fi, expr, method_of(fl, walk_.self_cls, "forward"), depth, walk_)
+    key = dotted(func)
+    if key is None:
+        return None
+    if key.startswith("self.") and fi.cls is not None:
+        # self.act = nn.Softmax(dim=1) / nn.Sequential(..., nn.Sigmoid())
+        ctors = assigned_calls(fl, fi, key)
+        kinds = {_module_activation(fl, c) for c in ctors}
+        if len(kinds) == 1 and None not in kinds:
+            kind = kinds.pop()
+            assert kind is not None
+            return kind, f"`{key}` (an `nn.{_CLASS_OF[kind]}`, line {ctors[0].lineno})"
+        if not ctors and key.count(".") == 1 and walk_.self_cls:
+            # self.m(x): a method of the class `self` is, not an attribute set to a layer
+            method = method_of(fl, walk_.self_cls, key[5:])
+            return _returned(fl, fi, expr, method, depth, walk_)
+        return None
+    callee = _function_called(fl, fi, expr)
+    if callee is not None:
+        return _returned(fl, fi, expr, callee, depth, walk_.to(None))
+    return _model_output(fl, fi, func, expr, depth, walk_)
+
+
+def _function_called(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> FunctionInfo | None:
+    """The plain function `f(...)` runs: the file's own, or one a sibling module defines
+    and this file imports (`from .utils import predict`, `utils.predict(...)`)."""
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in fi.local_names():
+        return None
+    found = fl.resolve(fi, call)
+    if found is None or found[1] or found[0].cls is not None:
+        return None
+    return found[0]
+
+
+def _name(
+    fl: FileLoops, fi: FunctionInfo, expr: ast.Name, depth: int, walk_: _Walk
+) -> tuple[str, str] | None:
+    stmt = _last_binding(fi, expr.id, expr.lineno)
+    if stmt is None:
+        if expr.id in fi.params() and not fi.is_module:
+            return _from_callers(fl, fi, expr.id, depth, walk_)
+        return None
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return None
+    target, value = stmt.targets[0], stmt.value
+    found = None
+    if isinstance(target, ast.Name):
+        found = activation(fl, fi, value, depth + 1, walk_)
+    elif isinstance(target, ast.Tuple | ast.List):
+        index = next(
+            (i for i, t in enumerate(target.elts) if isinstance(t, ast.Name) and t.id == expr.id),
+            None,
+        )
+        if index is None or any(isinstance(t, ast.Starred) for t in target.elts):
+            return None
+        if isinstance(value, ast.Tuple | ast.List) and len(value.elts) == len(target.elts):
+            found = activation(fl, fi, value.elts[index], depth + 1, walk_)
+        elif isinstance(value, ast.Call):
+            found = _item_of_call(fl, fi, value, index, depth, walk_)
+    if found is None:
+        return None
+    return found[0], f"`{expr.id}` = {found[1]}"
+
+
+def _item_of_call(
+    fl: FileLoops, fi: FunctionInfo, call: ast.Call, index: int, depth: int, walk_: _Walk
+) -> tuple[str, str] | None:
+    """Item `index` of the tuple a call of the file's function or method returns."""
+    func = call.func
+    callee: FunctionInfo | None = None
+    inner = walk_
+    if isinstance(func, ast.Name) and func.id == "self" and walk_.self_cls:
+        callee = method_of(fl, walk_.self_cls, "forward")
+    elif isinstance(func, ast.Attribute) and dotted(func.value) == "self" and walk_.self_cls:
+        if not assigned_calls(fl, fi, f"self.{func.attr}"):
+            callee = method_of(fl, walk_.self_cls, func.attr)
+    else:
+        callee, inner = _function_called(fl, fi, call), walk_.to(None)
+    return _returned(fl, fi, call, callee, depth, inner, index)
+
+
+def _returned(
+    fl: FileLoops,
+    fi: FunctionInfo,
+    call: ast.Call,
+    callee: FunctionInfo | None,
+    depth: int,
+    walk_: _Walk,
+    index: int | None = None,
+) -> tuple[str, str] | None:
+    """What every `return` of `callee` that can run under the walk's tests gives (item
+    `index` of a returned tuple); a returned parameter is what `call` passes for it."""
+    if callee is None:
+        return None
+    owner = file_of(callee)  # this file, or the sibling module that defines it
+    conds = walk_.conds
+    if conds and subjects_assigned(callee.node, {c.subject for c in conds}):
+        conds = []
+    results: list[tuple[str, str] | None] = []
+    first: ast.Return | None = None
+    for stmt in callee.own_statements():
+        if not isinstance(stmt, ast.Return) or stmt.value is None:
+            continue
+        if conds and not compatible(conds, conditions_at(callee.node, stmt)):
+            continue  # a branch that cannot run with the loss call's branch
+        value: ast.expr | None = stmt.value
+        if index is not None:
+            value = (
+                stmt.value.elts[index]
+                if isinstance(stmt.value, ast.Tuple) and index < len(stmt.value.elts)
+                else None
+            )
+        if value is None:
+            return None
+        first = first or stmt
+        if (
+            isinstance(value, ast.Name)
+            and value.id in callee.params()
+            and _last_binding(callee, value.id, value.lineno) is None
+        ):
+            arg = argument_for(callee, call, value.id)
+            results.append(None if arg is None else activation(fl, fi, arg, depth + 1, walk_))
+        else:
+            results.append(activation(owner, callee, value, depth + 1, walk_))
+        if results[-1] is None:
+            return None
+    kinds = {r[0] for r in results if r is not None}
+    if first is None or len(kinds) != 1:
+        return None
+    what = f"item {index} of the tuple `{callee.name}` returns" if index is not None else ""
+    what = what or f"`{callee.name}` returns"
+    proof = results[0][1] if results[0] is not None else ""
+    return kinds.pop(), (
+        f"`{_short(fl.ctx, call)}` ({what}: {proof}, line {first.lineno}{_where(fl, owner)})"
+    )
+
+
+def _from_callers(
+    fl: FileLoops, fi: FunctionInfo, param: str, depth: int, walk_: _Walk
+) -> tuple[str, str] | None:
+    """A parameter of a method: what a `self.<method>(...)` call in the file passes."""
+    if fi.cls is None:
+        return None
+    for caller, call, self_cls in self_call_sites(fl, fi):
+        if walk_.self_cls not in (None, fi.cls.name) and self_cls != walk_.self_cls:
+            continue
+        arg = argument_for(fi, call, param)
+        if arg is None:
+            continue
+        # the tests at the loss call still hold in the caller (self is the same object)
+        conds = walk_.conds + _self_conds(caller, call)
+        if not compatible(walk_.conds, _self_conds(caller, call)):
+            continue
+        if walk_.params_of is fi.node and not all(
+            (const := _passed_constant(fi, call, c.subject)) is None
+            or compatible([Cond(c.subject, const.value, True)], [c])
+            for c in walk_.params
+        ):
+            continue  # this caller's constant argument rules out the loss call's branch
+        found = activation(fl, caller, arg, depth + 1, walk_.to(self_cls, conds))
+        if found is not None:
+            return found[0], (
+                f"`{param}`, which `{self_cls}.{caller.name}` passes as "
+                f"{found[1]} (line {call.lineno})"
+            )
+    return None
+
+
+def _log_or_exp(
+    fl: FileLoops,
+    fi: FunctionInfo,
+    expr: ast.Call,
+    inner_expr: ast.expr,
+    is_log: bool,
+    depth: int,
+    walk_: _Walk,
+) -> tuple[str, str] | None:
+    """log of probabilities is log-probabilities; exp of log-probabilities is probabilities."""
+    inner = activation(fl, fi, inner_expr, depth + 1, walk_)
+    want, gives = (SOFTMAX, LOG_SOFTMAX) if is_log else (LOG_SOFTMAX, SOFTMAX)
+    if inner is None or inner[0] != want:
+        return None
+    return gives, f"`{_short(fl.ctx, expr)}` (line {expr.lineno}) of {inner[1]}"
+
+
+def _joined(
+    fl: FileLoops, fi: FunctionInfo, expr: ast.Call, depth: int, walk_: _Walk
+) -> tuple[str, str] | None:
+    """`torch.cat([p1, p2])` of outputs of one activation: `acc = torch.cat((acc, p))` in a
+    loop counts when every value `acc` is given is empty or such a join."""
+    seq = expr.args[0]
+    if not isinstance(seq, ast.Tuple | ast.List) or not seq.elts:
+        return None
+    kinds: set[str] = set()
+    proof = ""
+    for elt in seq.elts:
+        if isinstance(elt, ast.Name) and _accumulator(fl, fi, elt.id, depth, walk_):
+            continue
+        found = activation(fl, fi, elt, depth + 1, walk_)
+        if found is None:
+            return None
+        kinds.add(found[0])
+        proof = proof or found[1]
+    if len(kinds) != 1:
+        return None
+    return kinds.pop(), f"`{_short(fl.ctx, expr)}` (line {expr.lineno}) of {proof}"
+
+
+def _accumulator(fl: FileLoops, fi: FunctionInfo, name: str, depth: int, walk_: _Walk) -> bool:
+    """Every value `name` is given in `fi` is an empty tensor or a `torch.cat` holding
+    `name` itself whose other items are one activation's outputs."""
+    values = []
+    for stmt in fi.own_statements():
+        if isinstance(stmt, ast.AugAssign | ast.AnnAssign | ast.For) and _binds(stmt, name):
+            return False
+        if isinstance(stmt, ast.Assign) and _binds(stmt, name):
+            if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+                return False
+            values.append(stmt.value)
+    if not values or name in fi.params():
+        return False
+    joins = 0
+    for value in values:
+        if not isinstance(value, ast.Call):
+            return False
+        qual = fl.ctx.qualname(value.func) or ""
+        if qual in _EMPTY_FACTORIES and _is_empty(value):
+            continue
+        if qual not in ("torch.cat", "torch.stack", "torch.concat") or not value.args:
+            return False
+        seq = value.args[0]
+        if not isinstance(seq, ast.Tuple | ast.List):
+            return False
+        others = [e for e in seq.elts if not (isinstance(e, ast.Name) and e.id == name)]
+        if len(others) == len(seq.elts) or not others:
+            return False
+        if any(activation(fl, fi, e, depth + 1, walk_) is None for e in others):
+            return False
+        joins += 1
+    return joins > 0
+
+
+def _model_output(
+    fl: FileLoops, fi: FunctionInfo, func: ast.expr, call: ast.Call, depth: int, walk_: _Walk
+) -> tuple[str, str] | None:
+    """`model(x)` where model's class ends its forward with a softmax/sigmoid."""
+    ctx = fl.ctx
+    held = file_flow(ctx).scope(fi.node).value(func)
+    if held.kind is not Kind.MODULE or not held.cls:
+        return None
+    source = held.source
+    if isinstance(source, ast.Call):
+        kind = _module_activation(fl, source)
+        if kind:
+            return kind, f"`{ctx.segment(func)}(...)` (its last layer is `nn.{_CLASS_OF[kind]}`)"
+    found = _class_forward(fl, held.cls)
+    if found is None:
+        return None
+    owner, forward = found
+    returns = [s.value for s in forward.own_statements() if isinstance(s, ast.Return) and s.value]
+    if not returns:
+        return None
+    inner = walk_.to(held.cls, [])  # another object: the tests on `self` say nothing of it
+    results = [activation(owner, forward, r, depth + 1, inner) for r in returns]
+    kinds = {r[0] if r else None for r in results}
+    if len(kinds) == 1 and None not in kinds:
+        kind = kinds.pop()
+        assert kind is not None
+        where = "" if owner is fl else f" in {owner.ctx.path.rsplit('/', 1)[-1]}"
+        return kind, (
+            f"`{ctx.segment(func)}(...)`, whose `{held.cls}.forward` returns a {kind} output "
+            f"(line {returns[0].lineno}{where})"
+        )
+    return None
