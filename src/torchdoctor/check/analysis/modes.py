@@ -288,6 +288,7 @@ class ModeInterpreter(ModeCore):
                             o.mode,
                             call,
                             f"{inner} in {callee.label}{where} (called at line {call.lineno})",
+                            inner=(o.inner or o.node) if callee.file is self.fl else None,
                         )
                     )
             self.set(state, mine, frozenset(new))

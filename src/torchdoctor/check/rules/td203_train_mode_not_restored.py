@@ -3,8 +3,9 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check.analysis.file_loops import analysis
-from torchdoctor.check.analysis.mode_state import EVAL
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.mode_state import EVAL, Origin
 from torchdoctor.check.analysis.names import is_eval_name, is_torch_file
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.rule import Rule, Severity
@@ -23,7 +24,9 @@ class TrainModeNotRestored(Rule):
     routine called *before* a training step -- `self.validate()` every N batches,
     a baseline `evaluate(model)` before the epoch loop -- that leaves the model in
     eval mode is reported too; a direct `model.eval()` before training is not
-    (fine-tuning with BatchNorm frozen does that on purpose).
+    (fine-tuning with BatchNorm frozen does that on purpose). A routine of the same
+    file called from one place only is reported at its `model.eval()`; one that
+    several places call, at the call that trains in eval mode after it.
 
     ## Why is this bad?
     Only the first epoch trains in training mode. From the second epoch on,
@@ -84,21 +87,37 @@ class TrainModeNotRestored(Rule):
                         continue
                     if origin.line <= step_line and not _evaluation_call(origin.node):
                         continue  # a direct eval() before training may freeze BatchNorm on purpose
-                    if id(origin.node) in reported:
+                    where = _where(fl, fi, origin)
+                    if id(where) in reported:
                         continue
-                    reported.add(id(origin.node))
+                    reported.add(id(where))
                     then = (
                         f"the loop comes back to {step.what} at line {step_line}, which"
                         if origin.line > step_line
                         else f"{step.what} at line {step_line} then"
                     )
                     self.report(
-                        origin.node,
+                        where,
                         f"{origin.what} is never undone: {then} trains `{step.key}` in eval mode "
                         "(Dropout off, BatchNorm frozen to its running statistics)",
                         hint=f"call `{step.key}.train()` at the start of each epoch or after "
                         "evaluating",
                     )
+
+
+def _where(fl: FileLoops, fi: FunctionInfo, origin: Origin) -> ast.AST:
+    """Where to report an eval() never undone: inside the function of this file that
+    calls it (`self.model.eval()` in `validate()`) when only one call reaches it, so the
+    pair is the whole story and that is the code to change; at the call otherwise (a
+    shared `validate()` that other callers follow with `train()`)."""
+    call = origin.node
+    assert call is not None
+    if origin.inner is None or not isinstance(call, ast.Call):
+        return call
+    resolved = fl.resolve(fi, call, other_files=False)
+    if resolved is None or len(fl.callers(resolved[0])) != 1:
+        return call
+    return origin.inner
 
 
 def _evaluation_call(node: ast.AST) -> bool:
