@@ -4,6 +4,7 @@ import ast
 from typing import ClassVar
 
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
+from torchdoctor.check.analysis.mode_intent import train_on_purpose
 from torchdoctor.check.analysis.mode_state import (
     BUILT,
     TRAIN,
@@ -108,7 +109,7 @@ class EvalWithoutEvalMode(Rule):
                     modes = frozenset({BUILT})
                 else:
                     modes = TRAINISH if fc.region == "strong" else frozenset({TRAIN, TRAINED})
-                proof = self._proof_origins(fl, fc, modes)
+                proof = self._proof_origins(fl, fi.node, fc, modes)
                 if not proof:
                     continue
                 if all(o.stored is not None for o in proof):
@@ -143,7 +144,7 @@ class EvalWithoutEvalMode(Rule):
                 self.report(fc.node, self._message(fc, proof), hint=self._hint(fc))
 
     def _proof_origins(
-        self, fl: FileLoops, fc: ForwardCall, modes: frozenset[str]
+        self, fl: FileLoops, function: ast.AST, fc: ForwardCall, modes: frozenset[str]
     ) -> frozenset[Origin]:
         """The origins that show `fc.key` may be in training mode, minus deliberate ones."""
         region = fc.region_node if fc.via is None else None
@@ -151,7 +152,13 @@ class EvalWithoutEvalMode(Rule):
         for o in fc.origins:
             if o.mode not in modes:
                 continue
-            if o.mode == TRAIN and region is not None and _inside(o.node, region):
+            if (
+                o.mode == TRAIN
+                and region is not None
+                and o.node is not None
+                and _inside(o.node, region)
+                and train_on_purpose(function, region, o.node, fc.node, fc.key)
+            ):
                 continue  # set right here on purpose (MC dropout, `if train: model.train()`)
             if o.mode == BUILT:
                 if not fc.in_loop and o.stored is None:
