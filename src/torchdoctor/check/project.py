@@ -87,6 +87,10 @@ class ProjectIndex:
     # that judge a file by its path judge the part inside the project, not where the
     # project happens to live (`~/benchmarks/myproj/train.py` is no benchmark file).
     root: str = ""
+    # Files that zero gradients (zero_grad, `p.grad = None`, ...): path -> the method names
+    # they call (`agent.learn(`); TD204 asks whether another file may zero around a step
+    # method it calls (analysis/project_facts.zeroing_calls).
+    zeroing_calls: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
