@@ -67,3 +67,52 @@ def _path(root: ast.AST, target: ast.AST) -> list[tuple[ast.AST, str]] | None:
                 if isinstance(child, ast.AST):
                     stack.append((child, [*path, (node, field)]))
     return None
+
+
+def flag_phases(
+    function: ast.FunctionDef | ast.AsyncFunctionDef, train: ast.AST, evaluate: ast.AST
+) -> tuple[ast.If, str] | None:
+    """`if is_train: model.train() else: model.eval()` in a function that serves both
+    phases: the `if` and the label of its training side, when the test reads only
+    parameters the function never rebinds (the same on every pass of any loop)."""
+    params = {a.arg for a in (*function.args.posonlyargs, *function.args.args)}
+    params |= {a.arg for a in function.args.kwonlyargs}
+    for node in ast.walk(function):
+        if not isinstance(node, ast.If):
+            continue
+        for side, other in (("body", "orelse"), ("orelse", "body")):
+            if _holds(getattr(node, side), train) and _holds(getattr(node, other), evaluate):
+                names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+                if not names or not names <= params or _rebinds(function, names):
+                    return None
+                if any(isinstance(n, ast.Call) for n in ast.walk(node.test)):
+                    return None
+                return node, side
+    return None
+
+
+def same_side(branch_node: ast.AST, label: str, phases: tuple[ast.If, str]) -> bool:
+    """`branch_node` (an `if` around an event, entered through `label`) tests what the
+    phase `if` tests and leads to the same side."""
+    test, side = phases
+    return (
+        isinstance(branch_node, ast.If)
+        and ast.unparse(branch_node.test) == ast.unparse(test.test)
+        and label == side
+    )
+
+
+def _holds(block: list[ast.stmt], target: ast.AST) -> bool:
+    return any(node is target for stmt in block for node in ast.walk(stmt))
+
+
+def _rebinds(function: ast.AST, names: set[str]) -> bool:
+    for node in ast.walk(function):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr):
+            targets = [node.target]
+        if any(isinstance(n, ast.Name) and n.id in names for t in targets for n in ast.walk(t)):
+            return True
+    return False
