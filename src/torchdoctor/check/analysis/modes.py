@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 from typing import TYPE_CHECKING, cast
 
@@ -99,6 +100,18 @@ class ModeInterpreter(ModeCore):
         ):
             # `self.model.predict(batch)`: a model's own inference method runs its layers
             self._forward(call, key, state, frame)
+            return
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "generate"
+            and key is not None
+            and key != "self"
+            and key == dotted(func.value)
+            and self._is_model(key, state)
+        ):
+            # Hugging Face's generate(): the model's layers run in its current mode (it
+            # never calls eval()), under a no_grad of its own
+            self._forward(call, key, state, dataclasses.replace(frame, no_grad=True))
             return
         passes_model = any(
             (k := dotted(a.value if isinstance(a, ast.Starred) else a)) is not None

@@ -216,15 +216,19 @@ class EvalWithoutEvalMode(Rule):
         )
 
 
-def _inner_run(fl: FileLoops, fc: ForwardCall) -> ForwardCall | None:
+def _inner_run(fl: FileLoops, fc: ForwardCall, depth: int = 0) -> ForwardCall | None:
     """The run of the model inside `fc.via`, when that is an evaluation function of this
-    file that runs the model itself (not a helper shared with training code)."""
+    file that runs the model itself, or calls one that does (`validate()` calling
+    `predict()`), not a helper shared with training code."""
     via = fc.via
     if via is None or via.is_module or via.file is not fl or fc.region != "strong":
         return None
     for inner in fl.modes(via).forwards:
-        if inner.via is None and inner.region is not None and inner.node.lineno == fc.inner_line:
+        if inner.region is None or inner.node.lineno != fc.inner_line:
+            continue
+        if inner.via is None:
             return inner
+        return _inner_run(fl, inner, depth + 1) if depth < 3 else None
     return None
 
 
