@@ -387,8 +387,8 @@ def _aliases(fi: FunctionInfo) -> dict[str, str]:
             targets = [node.optional_vars]
         elif isinstance(node, ast.NamedExpr | ast.comprehension):
             targets = [node.target]
-        for target in targets:
-            for t in ast.walk(target):
+        for place in targets:
+            for t in ast.walk(place):
                 key = dotted(t) if isinstance(t, ast.Name | ast.Attribute) else None
                 if key is not None:
                     bound[key] = bound.get(key, 0) + 1
