@@ -103,7 +103,7 @@ class EvalWithoutNoGrad(Rule):
                 )
                 flagged = None
                 if fc.region != "strong" and not after_eval:
-                    flagged = _evaluation_side(self, fl, fi, fc)
+                    flagged = _evaluation_side(self, fl, fi, fc) or _guarded_elsewhere(fl, fi, fc)
                     if flagged is None:
                         continue
                 if not script and not after_eval and flagged is None:
@@ -208,4 +208,27 @@ def _evaluation_side(rule: Rule, fl: FileLoops, fi: FunctionInfo, fc: ForwardCal
     return (
         f"where `{ast.unparse(test.test)}` is {holds} ({evaluate.what} is in effect there, "
         "and every backward()/step() runs only on the other side)"
+    )
+
+
+def _guarded_elsewhere(fl: FileLoops, fi: FunctionInfo, fc: ForwardCall) -> str | None:
+    """Inference code that runs `fc.key` under no_grad in one place and over a loop of
+    data without it in another (one branch wrapped, its sibling not), in a function with
+    no gradient use and no training flag: the author's own no_grad shows the intent."""
+    if fi.is_module or not fc.in_loop or fc.via is not None:
+        return None
+    if _NEEDS_GRAD.search(fi.text) or ".step(" in fi.text:
+        return None
+    if any("train" in name.lower() for name in fi.identifiers()):
+        return None  # `if training:` -- a phase flag may want gradients on this side
+    guarded = [
+        other
+        for other in fl.modes(fi).forwards
+        if other.key == fc.key and other.no_grad and other.via is None and other is not fc
+    ]
+    if not guarded:
+        return None
+    return (
+        f"in inference code (line {guarded[0].node.lineno} runs `{fc.key}` under no_grad in "
+        "the same function)"
     )
