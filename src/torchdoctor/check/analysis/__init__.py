@@ -68,4 +68,9 @@ interpreters see the per-file objects above them only through protocols):
                   caller's evaluation region and count as runs before the caller's backward())
 - `loop_index` < `file_loops`   one file's training-loop facts, calls resolved to the
                   file's functions and to sibling modules it imports
+- `mode_intent`   whether a `model.train()` in evaluation code is deliberate (MC dropout,
+                  a phase flag) and the `if is_train: ... else: model.eval()` of a function
+                  serving both phases
+- `inline_events` a function's events with the events of the file's functions it calls in
+                  place of each call (`Event.site`): a training loop split across methods
 """
