@@ -64,6 +64,9 @@ class ModeCore:
         self.is_module_class = fi.cls is not None and self.ctx.is_module_class(fi.cls)
         self.mode_set: set[str] = set()  # keys whose mode this function sets itself
         self._aliases: dict[str, str] | None = None
+        # small helpers read at their call (mode_inline): constants, lists of models and
+        # the caller's keys their parameters and loop variables stand for
+        self._env: list[tuple[dict[str, object], dict[str, list[str]], dict[str, str]]] = []
 
     def _call(self, call: ast.Call, state: State, frame: _Frame) -> None:
         raise NotImplementedError  # modes.ModeInterpreter
@@ -124,8 +127,13 @@ class ModeCore:
             self._aliases = {} if self.fi.is_module else _aliases(self.fi)
         return self._aliases
 
+    def _const_test(self, test: ast.expr) -> bool | None:
+        return None  # mode_inline.HelperInliner: a constant the inlined call passed
+
     def _canonical(self, key: str) -> str:
         head, dot, rest = key.partition(".")
+        if self._env and head in self._env[-1][2]:
+            return self._canonical(self._env[-1][2][head] + dot + rest)
         target = self.aliases().get(head)
         return key if target is None else target + dot + rest
 
@@ -168,6 +176,9 @@ class ModeCore:
         if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             return state
         if isinstance(stmt, ast.If):
+            taken = self._const_test(stmt.test)
+            if taken is not None:
+                return self._block(stmt.body if taken else stmt.orelse, state, frame)
             self._exprs(stmt.test, state, frame)
             body, orelse = state.copy(), state.copy()
             none_key, none_in_body = _none_test(stmt.test)

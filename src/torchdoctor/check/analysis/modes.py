@@ -15,7 +15,7 @@ from torchdoctor.check.analysis.grad_contexts import (
     _MODE_SAFE_METHODS,
     is_no_grad_decorated,
 )
-from torchdoctor.check.analysis.mode_core import ModeCore
+from torchdoctor.check.analysis.mode_inline import HelperInliner
 from torchdoctor.check.analysis.mode_state import (
     _SELF_ANY,
     _UNKNOWN,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     pass
 
 
-class ModeInterpreter(ModeCore):
+class ModeInterpreter(HelperInliner):
     """Follows model modes through calls."""
 
     def _call(self, call: ast.Call, state: State, frame: _Frame) -> None:
@@ -128,6 +128,12 @@ class ModeInterpreter(ModeCore):
                 or as_method
                 or (callee.file is self.fl and self._mentions_global_model(callee))
             )
+            if not as_method:
+                after = self._inline_helper(call, callee, state, frame)
+                if after is not None:
+                    state.modes = after.modes
+                    state.forwarded = after.forwarded
+                    return
             callee_file = cast(LoopFacts, callee.file)  # a FileLoops, as every FunctionInfo's
             summary = callee_file.summary(callee) if relevant and callee is not self.fi else None
             if summary is not None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import ClassVar
 
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
@@ -107,17 +108,32 @@ class TrainModeNotRestored(Rule):
 
 def _where(fl: FileLoops, fi: FunctionInfo, origin: Origin) -> ast.AST:
     """Where to report an eval() never undone: inside the function of this file that
-    calls it (`self.model.eval()` in `validate()`) when only one call reaches it, so the
-    pair is the whole story and that is the code to change; at the call otherwise (a
-    shared `validate()` that other callers follow with `train()`)."""
+    calls it (`self.model.eval()` in `validate()`) when only one call reaches it, or
+    when no caller sets training mode again after calling it: that is the code to
+    change; at the call otherwise (a shared `validate()` that other callers follow with
+    `train()`)."""
     call = origin.node
     assert call is not None
     if origin.inner is None or not isinstance(call, ast.Call):
         return call
     resolved = fl.resolve(fi, call, other_files=False)
-    if resolved is None or len(fl.callers(resolved[0])) != 1:
+    if resolved is None:
         return call
-    return origin.inner
+    callers = fl.callers(resolved[0])
+    if len(callers) == 1 or not any(_restores_after(fl, c, e.node) for c, e in callers):
+        return origin.inner
+    return call
+
+
+_RESTORE = re.compile(r"\btrain\(|[\"']train[\"']|train\s*=\s*True")
+
+
+def _restores_after(fl: FileLoops, caller: FunctionInfo, call: ast.AST) -> bool:
+    """Some code of `caller` after `call` may set training mode again."""
+    end = getattr(call, "end_lineno", 0) or 0
+    lines = fl.ctx.segment(caller.node).splitlines()
+    start = getattr(caller.node, "lineno", 1)
+    return bool(_RESTORE.search("\n".join(lines[max(end - start + 1, 0) :])))
 
 
 def _evaluation_call(node: ast.AST) -> bool:
