@@ -133,7 +133,9 @@ class ModeCore:
     def _canonical(self, key: str) -> str:
         head, dot, rest = key.partition(".")
         if self._env and head in self._env[-1][2]:
-            return self._canonical(self._env[-1][2][head] + dot + rest)
+            # a parameter or loop variable of an inlined helper: the caller's key
+            key = self._env[-1][2][head] + dot + rest
+            head, dot, rest = key.partition(".")
         target = self.aliases().get(head)
         return key if target is None else target + dot + rest
 
