@@ -11,7 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from torchdoctor.check.analysis.values import Value
+from torchdoctor.check.analysis.values import Passed, Value
 from torchdoctor.check.lines import as_lf
 
 # `class Name(bases...)`: bases may span lines; nested brackets are rare in bases.
@@ -83,14 +83,25 @@ class ProjectIndex:
     # Where a file of the project starts an NCCL process group ("path:line"), if one does
     # (analysis/project_facts.nccl_start; TD113 asks).
     nccl_start: str | None = None
+    # Extension modules the project builds with `CUDAExtension(...)` (its setup.py):
+    # code importing one runs only with a GPU (analysis/project_facts.cuda_extensions).
+    cuda_extensions: frozenset[str] = frozenset()
+    # Function name -> (parameter position or keyword, fact) for calls in the project
+    # that hand it a model wrapped in DataParallel/DDP on some path (analysis/wraps.py;
+    # TD404 asks in the file that defines the function).
+    wrapped_arguments: dict[str, tuple[tuple[str, Passed], ...]] = field(default_factory=dict)
+    # Generic class name -> the project classes it is built with as a type argument
+    # (`Store[Record](...)`): (the argument's dotted name, file, line)
+    # (analysis/project_facts.generic_arguments; TD406 asks for `obj: T` parameters).
+    generic_arguments: dict[str, tuple[tuple[str, str, int], ...]] = field(default_factory=dict)
     # The folder the run checks from (the config root, or the working directory): rules
     # that judge a file by its path judge the part inside the project, not where the
     # project happens to live (`~/benchmarks/myproj/train.py` is no benchmark file).
     root: str = ""
-    # Files that zero gradients (zero_grad, `p.grad = None`, ...): path -> the method names
-    # they call (`agent.learn(`); TD204 asks whether another file may zero around a step
-    # method it calls (analysis/project_facts.zeroing_calls).
-    zeroing_calls: dict[str, frozenset[str]] = field(default_factory=dict)
+    # The method names called in files that zero gradients (zero_grad, `p.grad = None`):
+    # TD204 asks whether another file may zero around a step method it calls
+    # (analysis/project_facts.zeroing_calls).
+    zeroing_calls: frozenset[str] = frozenset()
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -123,8 +134,16 @@ class ProjectIndex:
             text += "\nmoving:" + ",".join(sorted(self.moving_classes))
         if self.nccl_start:
             text += "\nnccl:" + self.nccl_start
+        if self.cuda_extensions:
+            text += "\ncuda-extensions:" + ",".join(sorted(self.cuda_extensions))
         if self.batchnorm_classes:
             text += "\nbatchnorm:" + ",".join(sorted(self.batchnorm_classes))
+        if self.generic_arguments:
+            text += "\ngeneric:" + repr(sorted(self.generic_arguments.items()))
+        if self.wrapped_arguments:
+            text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
+        if self.zeroing_calls:
+            text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
