@@ -26,6 +26,7 @@ def collect_imports(tree: ast.Module) -> dict[str, str]:
     `import torch.nn` binds "torch". Relative imports keep their leading dots.
     """
     aliases: dict[str, str] = {}
+    star = False
     todo: list[ast.stmt] = list(tree.body)
     while todo:
         stmt = todo.pop()
@@ -42,10 +43,37 @@ def collect_imports(tree: ast.Module) -> dict[str, str]:
                 if alias.name != "*":
                     sep = "" if not stmt.module else "."
                     aliases[alias.asname or alias.name] = base + sep + alias.name
+                else:
+                    star = True
         else:
             # imports inside functions, classes, if/try/match blocks count too
             todo.extend(child_statements(stmt))
+    if star:
+        aliases.update(_star_conventions(tree, aliases))
     return aliases
+
+
+def _star_conventions(tree: ast.Module, aliases: dict[str, str]) -> dict[str, str]:
+    """`F` -> torch.nn.functional (library.toml [imports]) for the conventional names the
+    file uses but never binds: only a star import (`from models import *`) can bind them."""
+    from torchdoctor.check.analysis.torch_api import STAR_CONVENTIONS
+
+    wanted = {name for name in STAR_CONVENTIONS if name not in aliases}
+    if not wanted:
+        return {}
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in wanted:
+            if not isinstance(node.ctx, ast.Load):
+                wanted.discard(node.id)  # bound here: whatever it is, it is not the convention
+            used.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            wanted.discard(node.name)
+        elif isinstance(node, ast.arg):
+            wanted.discard(node.arg)
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            wanted.discard(node.name)
+    return {name: STAR_CONVENTIONS[name] for name in wanted & used}
 
 
 # Statements with no statements inside (most of a file): nothing to look into

@@ -56,6 +56,8 @@ interpreters see the per-file objects above them only through protocols):
                   `build_project`, the ProjectIndex of a whole run
 - `scope_index`   each module's and function's own nodes, calls and assignments, one
                   pass per file (the rules that look at calls scope by scope)
+- `cpu_evidence`  where a scope shows a value can be on a device by bringing it to the
+                  CPU elsewhere (`err.cpu().numpy()` ... `err.numpy()`)
 - `wraps`         names that may hold a model wrapped in DataParallel/DDP (on some path),
                   functions that return one, calls that hand one to a parameter (same
                   file, and `ProjectIndex.wrapped_arguments` across files; TD404)

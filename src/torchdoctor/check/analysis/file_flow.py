@@ -114,12 +114,14 @@ class FileFlow(FileIndex):
         return found
 
     def returned_tensor(self, func: AnyFunction) -> Value:
-        """What `func` returns, when that is a tensor it made on the CPU, or data loaders
-        it built (else UNKNOWN).
+        """What `func` returns, when that is a tensor it made on the CPU, a tensor it puts
+        on the device whatever it is given, or data loaders it built (else UNKNOWN).
 
         `def init_hidden(self, n): return torch.zeros(1, n, 16)`: a call of it gives a
-        CPU tensor. Only factory-made CPU tensors and loaders whose batches' place
-        is known are passed on; anything that depends on the arguments stays unknown.
+        CPU tensor; `def embed(x): return encoder(x.to(DEVICE)).detach()` a tensor on
+        the device. Only factory-made CPU tensors, device tensors whose device is not a
+        parameter, and loaders whose batches' place is known are passed on; anything
+        that depends on the arguments stays unknown.
         """
         found = self._returns.get(func)
         if found is None:
@@ -143,6 +145,11 @@ class FileFlow(FileIndex):
                     and not returned.scalar
                     and not returned.assumed
                 ):
+                    found = returned
+            elif self.mentions(func, ".to(", ".cuda(") and self.mentions(func, "return"):
+                self._returns[func] = UNKNOWN  # a recursive function sees nothing
+                returned = ScopeFlow(self, func, seeds={}).returned
+                if returned is not None and _moved_whatever_given(returned, func):
                     found = returned
             self._returns[func] = found
         return found
@@ -405,6 +412,22 @@ def _built_loaders(value: Value) -> bool:
         return value.place is not Place.UNKNOWN and not value.assumed
     items = value.items if value.kind is Kind.CONTAINER else None
     return bool(items) and all(_built_loaders(item) for item in items or ())
+
+
+def _moved_whatever_given(value: Value, func: AnyFunction) -> bool:
+    """A tensor on the device however `func` is called: analysed with its parameters
+    unknown, and the device it names is not one of them (`x.to(device)` with `device`
+    a parameter may be the CPU; `self.device` is the object's own)."""
+    if value.kind is not Kind.TENSOR or value.place is not Place.DEVICE:
+        return False
+    if value.assumed or value.maybe or value.is_input or not value.device:
+        return False
+    root = re.split(r"[.(\[]", value.device, maxsplit=1)[0].strip()
+    params = [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]
+    names = {p.arg for p in params}
+    if params and params[0].arg == "self":
+        names.discard("self")
+    return root not in names
 
 
 def scopes_with(ff: FileFlow, *needles: str) -> list[ScopeNode]:

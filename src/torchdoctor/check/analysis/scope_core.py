@@ -245,6 +245,10 @@ class ScopeCore:
             if held.kind in _TENSOR_KINDS and held.kind is not Kind.UNKNOWN:
                 self.conversions.append(Conversion(site, node, held, how))
                 return
+        if value == UNKNOWN and isinstance(node, ast.Name | ast.Attribute | ast.Call):
+            # not known to be a tensor: the scope may still show it is one, on a device
+            # (`err.cpu()` elsewhere: see cpu_evidence)
+            self.conversions.append(Conversion(site, node, value, how))
 
     # -- helpers ------------------------------------------------------------------------------
     def _text(self, node: ast.AST) -> str:

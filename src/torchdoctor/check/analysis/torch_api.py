@@ -51,6 +51,7 @@ _NON_MODULE_NN = _names("modules", "not_modules")
 DATA_PARALLEL = _names("modules", "data_parallel")
 _PASS_THROUGH_ITERATORS = _names("data", "pass_through_iterators")
 _DEVICE_HOLDERS = _names("data", "device_holders")
+STAR_CONVENTIONS: dict[str, str] = dict(LIBRARY["imports"]["star_conventions"])
 
 
 _DEVICE_STRING = re.compile(r"^(cuda|mps|xpu|npu|hpu|xla|meta|privateuseone)(:\d+)?$")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
+from torchdoctor.check.analysis.cpu_evidence import CpuEvidence, cpu_evidence_for
 from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.torch_api import (
@@ -10,7 +11,8 @@ from torchdoctor.check.analysis.torch_api import (
     NUMPY_CONVERTING,
     NUMPY_CONVERTING_MODULES,
 )
-from torchdoctor.check.analysis.values import Conversion, Kind, Place, Value
+from torchdoctor.check.analysis.values import UNKNOWN, Conversion, Kind, Place, ScopeNode, Value
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 
 # A file that turns gradients off globally: outputs there do not require grad.
@@ -88,10 +90,21 @@ class NumpyOnDevice(Rule):
                 # only code that can hold a tensor on the device or one requiring grad
                 if ff.mentions(node, *_DEVICE_OR_GRAD):
                     for conversion in ff.scope(node).conversions:
-                        self._check_conversion(conversion, grad_off)
+                        self._check_conversion(node, conversion, grad_off)
 
-    def _check_conversion(self, conversion: Conversion, grad_off: bool) -> None:
+    def _check_conversion(self, scope: ScopeNode, conversion: Conversion, grad_off: bool) -> None:
         held = conversion.value
+        if held == UNKNOWN:
+            evidence = cpu_evidence_for(self.ctx, scope, conversion.node)
+            if evidence is not None:
+                text = _short(self.ctx.segment(conversion.node))
+                self.report(
+                    conversion.site,
+                    f"`{text}` can be on a device ({_evidence_text(self.ctx, evidence)}): "
+                    f"{conversion.how} converts it with `.numpy()`, which raises for such a "
+                    "tensor; convert it yourself with `.cpu().numpy()`",
+                )
+            return
         if held.is_input or held.assumed or held.maybe:
             return
         on_device = held.place is Place.DEVICE
@@ -121,6 +134,9 @@ class NumpyOnDevice(Rule):
         assert isinstance(call.func, ast.Attribute)
         receiver = call.func.value
         held = scope.value(receiver)
+        if held.place is Place.UNKNOWN and not held.grad:
+            self._check_evidence(scope, call, receiver)
+            return
         if held.kind not in (Kind.TENSOR, Kind.PARAMETER, Kind.BATCH):
             return
         if held.is_input or held.assumed or held.maybe:
@@ -149,8 +165,44 @@ class NumpyOnDevice(Rule):
         fix = self.ctx.fix(f"insert `{insert}`", self.ctx.insert_after(receiver, insert))
         self.report(call, message, fix=fix)
 
+    def _check_evidence(self, scope: ScopeFlow, call: ast.Call, receiver: ast.expr) -> None:
+        """Where the value comes from is not known, but this scope brings it to the CPU
+        elsewhere (`err.data.cpu().numpy()` ... `err.data.numpy()`): it can be on a device."""
+        evidence = cpu_evidence_for(self.ctx, scope.node, receiver)
+        if evidence is None:
+            return
+        message = (
+            f"`{_short(self.ctx.segment(receiver))}` can be on a device "
+            f"({_evidence_text(self.ctx, evidence)}): `.numpy()` raises `TypeError: can't "
+            "convert cuda:0 device type tensor to numpy` there; use `.cpu().numpy()`"
+        )
+        fix = self.ctx.fix("insert `.cpu()`", self.ctx.insert_after(receiver, ".cpu()"))
+        self.report(call, message, fix=fix)
 
-_DEVICE_OR_GRAD = (".to(", ".cuda(", "device", "backward", "grad", "model", "loss", "forward")
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _evidence_text(ctx: FileContext, evidence: CpuEvidence) -> str:
+    moved = " ".join(ctx.segment(evidence.call).split())
+    if len(moved) > 40:
+        moved = "..." + moved[-37:]
+    return f"the same value is brought to the CPU at line {evidence.call.lineno}: `{moved}`"
+
+
+_DEVICE_OR_GRAD = (
+    ".to(",
+    ".cuda(",
+    ".cpu(",
+    "device",
+    "backward",
+    "grad",
+    "model",
+    "loss",
+    "forward",
+)
 
 
 def _since(held: Value) -> str:
