@@ -98,6 +98,10 @@ class ProjectIndex:
     # that judge a file by its path judge the part inside the project, not where the
     # project happens to live (`~/benchmarks/myproj/train.py` is no benchmark file).
     root: str = ""
+    # The method names called in files that zero gradients (zero_grad, `p.grad = None`):
+    # TD204 asks whether another file may zero around a step method it calls
+    # (analysis/project_facts.zeroing_calls).
+    zeroing_calls: frozenset[str] = frozenset()
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -138,6 +142,8 @@ class ProjectIndex:
             text += "\ngeneric:" + repr(sorted(self.generic_arguments.items()))
         if self.wrapped_arguments:
             text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
+        if self.zeroing_calls:
+            text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -79,4 +79,9 @@ interpreters see the per-file objects above them only through protocols):
 - `class_calls`   methods looked up along a class's bases in the file (an inherited
                   method's `self.forward` is the subclass's), and the `self.m(...)` call
                   sites of a method with the class `self` is there
+- `mode_intent`   whether a `model.train()` in evaluation code is deliberate (MC dropout,
+                  a phase flag) and the `if is_train: ... else: model.eval()` of a function
+                  serving both phases
+- `inline_events` a function's events with the events of the file's functions it calls in
+                  place of each call (`Event.site`): a training loop split across methods
 """

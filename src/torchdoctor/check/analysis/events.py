@@ -61,17 +61,20 @@ class Event:
     no_grad: bool = False
     autocast: ast.AST | None = None  # the innermost autocast `with`
     via: str | None = None  # backward: run inside this function of the file, given `expr`
+    # inlined from a callee (inline_events): the call in the analysed function it runs
+    # under, and its rank among the events of the call tree (their execution order)
+    site: ast.AST | None = None
+    rank: int = 0
 
     @property
     def line(self) -> int:
         return getattr(self.node, "lineno", 0)
 
     @property
-    def order(self) -> tuple[int, int]:
-        return (
-            getattr(self.node, "end_lineno", 0) or 0,
-            getattr(self.node, "end_col_offset", 0) or 0,
-        )
+    def order(self) -> tuple[int, ...]:
+        at = self.node if self.site is None else self.site
+        end = (getattr(at, "end_lineno", 0) or 0, getattr(at, "end_col_offset", 0) or 0)
+        return end if self.site is None else (*end, self.rank)
 
     def loops(self) -> list[ast.AST]:
         return [b.node for b in self.chain if isinstance(b.node, LoopNode) and b.label == "body"]
@@ -251,3 +254,63 @@ def loop_invariant(test: ast.expr, loop: ast.AST) -> bool:
                 ):
                     return False
     return True
+
+
+def zero_passes(event: Event, loop: ast.AST) -> set[str]:
+    """The counters `x % k` (as text) that must be 0 for `event` to run on a pass of `loop`:
+    an `if (i + 1) % k == 0:` / `if not i % k:` around it (or the `else:` of `if i % k:`),
+    or an `if (i + 1) % k: continue` before it in a block that holds it."""
+    found: set[str] = set()
+    at = event.site if event.site is not None else event.node
+    line = getattr(at, "lineno", 0)
+    inside = False
+    for b in event.chain:
+        if b.node is loop:
+            inside = True
+        if not inside:
+            continue
+        if isinstance(b.node, ast.If) and b.node is not loop:
+            sense = _counter_sense(b.node.test)
+            if sense is not None and sense[1] == (b.label == "body"):
+                found.add(sense[0])
+        block = getattr(b.node, b.label, None) if b.label in ("body", "orelse") else None
+        start, end = getattr(b.node, "lineno", 0), getattr(b.node, "end_lineno", 0) or 0
+        if not isinstance(block, list) or not start <= line <= end:
+            continue
+        for stmt in block:
+            if getattr(stmt, "end_lineno", 0) >= line:
+                break
+            if (
+                isinstance(stmt, ast.If)
+                and len(stmt.body) == 1
+                and isinstance(stmt.body[0], ast.Continue)
+                and not stmt.orelse
+            ):
+                sense = _counter_sense(stmt.test)
+                if sense is not None and not sense[1]:
+                    found.add(sense[0])
+    return found
+
+
+def _counter_sense(test: ast.expr) -> tuple[str, bool] | None:
+    """(`x % k`, True) for `x % k == 0` / `not x % k`; (`x % k`, False) for `x % k` /
+    `x % k != 0`; None for any other test."""
+    negate = False
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, negate = test.operand, True
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value == 0
+        and isinstance(test.ops[0], ast.Eq | ast.NotEq)
+    ):
+        zero = isinstance(test.ops[0], ast.Eq)
+        test = test.left
+    else:
+        zero = False
+    if not (isinstance(test, ast.BinOp) and isinstance(test.op, ast.Mod)):
+        return None
+    if modulo_test(test) is None:
+        return None
+    return ast.unparse(test), zero != negate

@@ -125,6 +125,8 @@ class FileLoops(LoopIndex):
                 last in owner.ctx.project.module_classes or last not in owner.classes
             ):
                 verdict = None  # an imported or unseen layer: it may have Dropout
+        if _holds_given_modules(owner.ctx, cls):
+            verdict = None  # nn.ModuleList(encoders): layers the caller chose
         for node in walk(cls):
             # self.backbone = resnet18(): a module from a factory we cannot see
             if (
@@ -373,3 +375,43 @@ def analysis(ctx: FileContext) -> FileLoops:
     """The shared training-loop facts of the file being checked (computed once, kept
     on the context so they go with it)."""
     return ctx.shared("loops", FileLoops)
+
+
+_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.Sequential"})
+
+
+def _holds_given_modules(ctx: FileContext, cls: ast.ClassDef) -> bool:
+    """The class keeps modules its caller passes in: a parameter wrapped in
+    `nn.ModuleList` / `nn.ModuleDict` / `nn.Sequential`, or one annotated as a module."""
+    for method in cls.body:
+        if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        args = method.args
+        every = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+        every += [a for a in (args.vararg, args.kwarg) if a is not None]
+        params = {a.arg for a in every} - {"self"}
+        for a in every:
+            if a.annotation is not None and "Module" in ast.unparse(a.annotation):
+                return True
+        for node in walk(method):
+            if (
+                isinstance(node, ast.Call)
+                and ctx.qualname(node.func) in _CONTAINERS
+                and any(_given(arg, params) for arg in node.args)
+            ):
+                return True
+    return False
+
+
+def _given(arg: ast.expr, params: set[str]) -> bool:
+    """`encoders`, `*blocks`, `[encoder, head]`, `[m for m in encoders]`: modules that
+    are the parameters themselves (not `[nn.Linear(width, width) for ...]`)."""
+    if isinstance(arg, ast.Starred):
+        arg = arg.value
+    if isinstance(arg, ast.Name):
+        return arg.id in params
+    if isinstance(arg, ast.List | ast.Tuple):
+        return any(_given(e, params) for e in arg.elts)
+    if isinstance(arg, ast.ListComp | ast.GeneratorExp) and isinstance(arg.elt, ast.Name):
+        return any(_given(g.iter, params) for g in arg.generators)
+    return False

@@ -63,6 +63,10 @@ class ModeCore:
         self._calls: dict[int, list[ast.Call]] = {}
         self.is_module_class = fi.cls is not None and self.ctx.is_module_class(fi.cls)
         self.mode_set: set[str] = set()  # keys whose mode this function sets itself
+        self._aliases: dict[str, str] | None = None
+        # small helpers read at their call (mode_inline): constants, lists of models and
+        # the caller's keys their parameters and loop variables stand for
+        self._env: list[tuple[dict[str, object], dict[str, list[str]], dict[str, str]]] = []
 
     def _call(self, call: ast.Call, state: State, frame: _Frame) -> None:
         raise NotImplementedError  # modes.ModeInterpreter
@@ -116,7 +120,27 @@ class ModeCore:
             frozenset(self.mode_set),
         )
 
+    def aliases(self) -> dict[str, str]:
+        """`model = context.model` at the top of the function, with neither side bound
+        again in it: both names are one object, so they share one mode."""
+        if self._aliases is None:
+            self._aliases = {} if self.fi.is_module else _aliases(self.fi)
+        return self._aliases
+
+    def _const_test(self, test: ast.expr) -> bool | None:
+        return None  # mode_inline.HelperInliner: a constant the inlined call passed
+
+    def _canonical(self, key: str) -> str:
+        head, dot, rest = key.partition(".")
+        if self._env and head in self._env[-1][2]:
+            # a parameter or loop variable of an inlined helper: the caller's key
+            key = self._env[-1][2][head] + dot + rest
+            head, dot, rest = key.partition(".")
+        target = self.aliases().get(head)
+        return key if target is None else target + dot + rest
+
     def get(self, state: State, key: str) -> Origins:
+        key = self._canonical(key)
         found = state.modes.get(key)
         if found is not None:
             return found
@@ -130,6 +154,7 @@ class ModeCore:
         return self.default
 
     def set(self, state: State, key: str, origins: Origins) -> None:
+        key = self._canonical(key)
         if key == _SELF_ANY:
             for other in [k for k in state.modes if k.startswith("self.")]:
                 state.modes[other] = origins
@@ -153,6 +178,9 @@ class ModeCore:
         if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             return state
         if isinstance(stmt, ast.If):
+            taken = self._const_test(stmt.test)
+            if taken is not None:
+                return self._block(stmt.body if taken else stmt.orelse, state, frame)
             self._exprs(stmt.test, state, frame)
             body, orelse = state.copy(), state.copy()
             none_key, none_in_body = _none_test(stmt.test)
@@ -344,3 +372,46 @@ class ModeCore:
             self._calls[id(node)] = calls
         for call in calls:
             self._call(call, state, frame)
+
+
+def _aliases(fi: FunctionInfo) -> dict[str, str]:
+    candidates: dict[str, str] = {}
+    for stmt in fi.body:
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and isinstance(stmt.value, ast.Attribute)
+        ):
+            target = dotted(stmt.value)
+            name = stmt.targets[0].id
+            if target is not None and target.split(".", 1)[0] != name:
+                candidates[name] = target
+    if not candidates:
+        return {}
+    bound: dict[str, int] = {}
+    for node in ast.walk(fi.node):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
+            targets = [node.target]
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            targets = [node.optional_vars]
+        elif isinstance(node, ast.NamedExpr | ast.comprehension):
+            targets = [node.target]
+        for place in targets:
+            for t in ast.walk(place):
+                key = dotted(t) if isinstance(t, ast.Name | ast.Attribute) else None
+                if key is not None:
+                    bound[key] = bound.get(key, 0) + 1
+    params = set(fi.params())
+    return {
+        name: target
+        for name, target in candidates.items()
+        if name not in params
+        and bound.get(name) == 1
+        and not any(k == target or k.startswith(target + ".") for k in bound)
+        and target.split(".", 1)[0] not in bound
+        and target.split(".", 1)[0] not in candidates
+    }

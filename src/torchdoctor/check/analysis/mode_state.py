@@ -50,6 +50,9 @@ class Origin:
     what: str  # "`model.eval()` at line 88", "`validate()` at line 120 (`model.eval()` ...)"
     # a class-level fact: the `self.<attr> = ...` in `__init__` that stored the model
     stored: ast.AST | None = None
+    # for the effect of a callee of the same file: the line inside it that set the mode
+    # (`model.eval()` in `validate()`), where a report can point at the code to change
+    inner: ast.AST | None = None
 
     @property
     def line(self) -> int:

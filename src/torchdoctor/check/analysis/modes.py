@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 from typing import TYPE_CHECKING, cast
 
@@ -14,7 +15,7 @@ from torchdoctor.check.analysis.grad_contexts import (
     _MODE_SAFE_METHODS,
     is_no_grad_decorated,
 )
-from torchdoctor.check.analysis.mode_core import ModeCore
+from torchdoctor.check.analysis.mode_inline import HelperInliner
 from torchdoctor.check.analysis.mode_state import (
     _SELF_ANY,
     _UNKNOWN,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     pass
 
 
-class ModeInterpreter(ModeCore):
+class ModeInterpreter(HelperInliner):
     """Follows model modes through calls."""
 
     def _call(self, call: ast.Call, state: State, frame: _Frame) -> None:
@@ -100,6 +101,18 @@ class ModeInterpreter(ModeCore):
             # `self.model.predict(batch)`: a model's own inference method runs its layers
             self._forward(call, key, state, frame)
             return
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "generate"
+            and key is not None
+            and key != "self"
+            and key == dotted(func.value)
+            and self._is_model(key, state)
+        ):
+            # Hugging Face's generate(): the model's layers run in its current mode (it
+            # never calls eval()), under a no_grad of its own
+            self._forward(call, key, state, dataclasses.replace(frame, no_grad=True))
+            return
         passes_model = any(
             (k := dotted(a.value if isinstance(a, ast.Starred) else a)) is not None
             and self._is_model(k, state)
@@ -115,6 +128,12 @@ class ModeInterpreter(ModeCore):
                 or as_method
                 or (callee.file is self.fl and self._mentions_global_model(callee))
             )
+            if not as_method:
+                after = self._inline_helper(call, callee, state, frame)
+                if after is not None:
+                    state.modes = after.modes
+                    state.forwarded = after.forwarded
+                    return
             callee_file = cast(LoopFacts, callee.file)  # a FileLoops, as every FunctionInfo's
             summary = callee_file.summary(callee) if relevant and callee is not self.fi else None
             if summary is not None:
@@ -288,6 +307,7 @@ class ModeInterpreter(ModeCore):
                             o.mode,
                             call,
                             f"{inner} in {callee.label}{where} (called at line {call.lineno})",
+                            inner=(o.inner or o.node) if callee.file is self.fl else None,
                         )
                     )
             self.set(state, mine, frozenset(new))

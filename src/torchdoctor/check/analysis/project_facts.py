@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable
 
 from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Passed, Value
 from torchdoctor.check.analysis.wraps import wrapped_arguments
 from torchdoctor.check.context import FileContext
@@ -202,6 +203,16 @@ def nccl_start(path: str, source: str) -> str | None:
     return f"{path}:{len(_LINE_END.findall(source, 0, match.start())) + 1}"
 
 
+_METHOD_CALL = re.compile(r"\.(\w+)\s*\(")
+
+
+def zeroing_calls(source: str) -> frozenset[str] | None:
+    """The method names a file calls, if it zeroes gradients somewhere (else None)."""
+    if not mentions_zeroing(source):
+        return None
+    return frozenset(_METHOD_CALL.findall(source))
+
+
 # `CUDAExtension("pkg._ext", [...])` or `CUDAExtension(name="ops", ...)` in a setup.py
 _CUDA_EXTENSION = re.compile(r"CUDAExtension\(\s*(?:name\s*=\s*)?[\"']([\w.]+)[\"']")
 
@@ -233,6 +244,9 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             definitions[name] = definitions.get(name, 0) + 1
         moving |= moving_classes(source)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
+        zeroing = zeroing_calls(source)
+        if zeroing is not None:
+            index.zeroing_calls |= zeroing
         extensions |= cuda_extensions(source)
         for name, facts in class_builds(source).items():
             classes.setdefault(name, []).append(facts)

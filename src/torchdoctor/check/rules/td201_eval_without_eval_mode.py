@@ -4,6 +4,7 @@ import ast
 from typing import ClassVar
 
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
+from torchdoctor.check.analysis.mode_intent import train_on_purpose
 from torchdoctor.check.analysis.mode_state import (
     BUILT,
     TRAIN,
@@ -32,7 +33,9 @@ class EvalWithoutEvalMode(Rule):
     `backward()`), or it was just built (new modules start in training mode), and no
     `model.eval()` came in between. It follows calls: an epoch loop that calls
     `validate(model)` after `train(model)`, where `validate()` never calls
-    `model.eval()`, is reported at the `validate(...)` call.
+    `model.eval()`, is reported inside `validate()`, where `eval()` is missing, and
+    names the call (at the `validate(...)` call when `validate()` is in another file
+    or reaches the model only through a helper).
 
     Lightning's `validation_step`, `test_step` and `predict_step` are not reported:
     Lightning switches to eval mode around them itself.
@@ -87,6 +90,7 @@ class EvalWithoutEvalMode(Rule):
             return
         fl = analysis(self.ctx)
         stored_seen: dict[int, ForwardCall] = {}
+        inner_seen: set[int] = set()
         for fi in fl.all_functions():
             if not (fi.mentions_evaluation and fi.mentions_model):
                 continue
@@ -105,7 +109,7 @@ class EvalWithoutEvalMode(Rule):
                     modes = frozenset({BUILT})
                 else:
                     modes = TRAINISH if fc.region == "strong" else frozenset({TRAIN, TRAINED})
-                proof = self._proof_origins(fl, fc, modes)
+                proof = self._proof_origins(fl, fi.node, fc, modes)
                 if not proof:
                     continue
                 if all(o.stored is not None for o in proof):
@@ -119,6 +123,20 @@ class EvalWithoutEvalMode(Rule):
                             hint=f"set it to eval mode where it is stored: `{fc.key}.eval()`",
                         )
                     continue
+                inner = _inner_run(fl, fc)
+                if inner is not None:
+                    # the evaluation function of this file runs it: report there, where
+                    # its eval() is missing, once for all the calls that reach it
+                    if id(inner.node) in inner_seen:
+                        continue
+                    inner_seen.add(id(inner.node))
+                    self.report(
+                        inner.node,
+                        self._inner_message(fc, inner, proof),
+                        hint=f"call `{inner.key}.eval()` at the start of "
+                        f"{fc.via.label if fc.via else 'it'}",
+                    )
+                    continue
                 slot = (id(fc.region_node), fc.key)
                 if slot in seen:
                     continue
@@ -126,7 +144,7 @@ class EvalWithoutEvalMode(Rule):
                 self.report(fc.node, self._message(fc, proof), hint=self._hint(fc))
 
     def _proof_origins(
-        self, fl: FileLoops, fc: ForwardCall, modes: frozenset[str]
+        self, fl: FileLoops, function: ast.AST, fc: ForwardCall, modes: frozenset[str]
     ) -> frozenset[Origin]:
         """The origins that show `fc.key` may be in training mode, minus deliberate ones."""
         region = fc.region_node if fc.via is None else None
@@ -134,7 +152,13 @@ class EvalWithoutEvalMode(Rule):
         for o in fc.origins:
             if o.mode not in modes:
                 continue
-            if o.mode == TRAIN and region is not None and _inside(o.node, region):
+            if (
+                o.mode == TRAIN
+                and region is not None
+                and o.node is not None
+                and _inside(o.node, region)
+                and train_on_purpose(function, region, o.node, fc.node, fc.key)
+            ):
                 continue  # set right here on purpose (MC dropout, `if train: model.train()`)
             if o.mode == BUILT:
                 if not fc.in_loop and o.stored is None:
@@ -168,6 +192,14 @@ class EvalWithoutEvalMode(Rule):
             "active and BatchNorm uses batch statistics and overwrites its running ones"
         )
 
+    def _inner_message(self, fc: ForwardCall, inner: ForwardCall, proof: frozenset[Origin]) -> str:
+        return (
+            f"`{inner.key}` runs in training mode here when `{self.ctx.segment(fc.node)}` at "
+            f"line {fc.node.lineno} calls this evaluation code: {_because(fc.key, proof)}; "
+            "Dropout stays active and BatchNorm uses batch statistics and overwrites its "
+            "running ones"
+        )
+
     def _held_message(self, fc: ForwardCall, proof: frozenset[Origin]) -> str:
         where = fc.node.lineno
         how = "" if fc.region is not None else " under no_grad"
@@ -182,6 +214,22 @@ class EvalWithoutEvalMode(Rule):
         return (
             f"call `{fc.key}.eval()` before evaluating and `{fc.key}.train()` before training again"
         )
+
+
+def _inner_run(fl: FileLoops, fc: ForwardCall, depth: int = 0) -> ForwardCall | None:
+    """The run of the model inside `fc.via`, when that is an evaluation function of this
+    file that runs the model itself, or calls one that does (`validate()` calling
+    `predict()`), not a helper shared with training code."""
+    via = fc.via
+    if via is None or via.is_module or via.file is not fl or fc.region != "strong":
+        return None
+    for inner in fl.modes(via).forwards:
+        if inner.region is None or inner.node.lineno != fc.inner_line:
+            continue
+        if inner.via is None:
+            return inner
+        return _inner_run(fl, inner, depth + 1) if depth < 3 else None
+    return None
 
 
 def _because(key: str, proof: frozenset[Origin]) -> str:

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.events import BACKWARD, SCALER_STEP, STEP
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
-from torchdoctor.check.analysis.mode_state import BUILT, EVAL
+from torchdoctor.check.analysis.mode_intent import flag_phases, same_side
+from torchdoctor.check.analysis.mode_state import BUILT, EVAL, TRAIN, ForwardCall
 from torchdoctor.check.analysis.names import is_lightning_eval_hook, is_test_file, is_torch_file
 from torchdoctor.check.rule import Rule, Severity
 
@@ -98,9 +101,12 @@ class EvalWithoutNoGrad(Rule):
                 after_eval = (
                     fc.in_loop and bool(fc.origins) and all(o.mode == EVAL for o in fc.origins)
                 )
+                flagged = None
                 if fc.region != "strong" and not after_eval:
-                    continue
-                if not script and not after_eval:
+                    flagged = _evaluation_side(self, fl, fi, fc) or _guarded_elsewhere(fl, fi, fc)
+                    if flagged is None:
+                        continue
+                if not script and not after_eval and flagged is None:
                     continue
                 if not fc.in_loop and (
                     all(o.mode == BUILT for o in fc.origins)
@@ -111,12 +117,14 @@ class EvalWithoutNoGrad(Rule):
                 scope_text = (
                     fi.text if scope is None or scope is fi.node else self.ctx.segment(scope)
                 )
-                if _NEEDS_GRAD.search(scope_text):
+                if flagged is None and _NEEDS_GRAD.search(scope_text):
                     continue
                 if _called_under_no_grad(fl, fi):
                     break
                 seen.add(fc.key)
-                if after_eval and fc.region != "strong":
+                if flagged is not None:
+                    where = flagged
+                elif after_eval and fc.region != "strong":
                     where = f"after {min(fc.origins, key=lambda o: o.line).what}"
                 else:
                     where = f"in evaluation code ({_region(fi, fc.region_node)})"
@@ -155,3 +163,72 @@ def _called_under_no_grad(fl: FileLoops, fi: FunctionInfo, depth: int = 0) -> bo
 
 def _in_module_class(rule: Rule, fi: FunctionInfo) -> bool:
     return fi.cls is not None and rule.ctx.is_module_class(fi.cls)
+
+
+def _evaluation_side(rule: Rule, fl: FileLoops, fi: FunctionInfo, fc: ForwardCall) -> str | None:
+    """A function serving both phases (`if is_train: model.train() else: model.eval()`)
+    runs `fc` on both, while everything that needs gradients (backward(), step(), ...)
+    runs only on the training side: on the other side it is evaluation with gradients on.
+    Returns where that is, for the message; None if the code does not show it."""
+    if fi.is_module or not fc.in_loop:
+        return None
+    node = fi.node
+    assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    train = next((o for o in fc.origins if o.mode == TRAIN and o.inner is None), None)
+    evaluate = next((o for o in fc.origins if o.mode == EVAL and o.inner is None), None)
+    if train is None or evaluate is None or train.node is None or evaluate.node is None:
+        return None
+    phases = flag_phases(node, train.node, evaluate.node)
+    if phases is None:
+        return None
+    test, side = phases
+    trained = [e for e in fl.events(fi) if e.kind in (BACKWARD, STEP, SCALER_STEP)]
+    if not trained or not all(
+        any(same_side(b.node, b.label, phases) for b in e.chain) for e in trained
+    ):
+        return None
+    # the training side's blocks, wherever the test is repeated
+    blocks = [
+        (n.body if side == "body" else n.orelse)
+        for n in ast.walk(node)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == ast.unparse(test.test)
+    ]
+    spans = [(b[0].lineno, b[-1].end_lineno or b[-1].lineno) for b in blocks if b]
+    line = fc.node.lineno
+    if any(start <= line <= end for start, end in spans):
+        return None  # the run itself is on the training side
+    rest = [
+        text
+        for number, text in enumerate(rule.ctx.segment(node).splitlines(), start=node.lineno)
+        if not any(start <= number <= end for start, end in spans)
+    ]
+    if _NEEDS_GRAD.search("\n".join(rest)):
+        return None
+    holds = "false" if side == "body" else "true"
+    return (
+        f"where `{ast.unparse(test.test)}` is {holds} ({evaluate.what} is in effect there, "
+        "and every backward()/step() runs only on the other side)"
+    )
+
+
+def _guarded_elsewhere(fl: FileLoops, fi: FunctionInfo, fc: ForwardCall) -> str | None:
+    """Inference code that runs `fc.key` under no_grad in one place and over a loop of
+    data without it in another (one branch wrapped, its sibling not), in a function with
+    no gradient use and no training flag: the author's own no_grad shows the intent."""
+    if fi.is_module or not fc.in_loop or fc.via is not None:
+        return None
+    if _NEEDS_GRAD.search(fi.text) or ".step(" in fi.text:
+        return None
+    if any("train" in name.lower() for name in fi.identifiers()):
+        return None  # `if training:` -- a phase flag may want gradients on this side
+    guarded = [
+        other
+        for other in fl.modes(fi).forwards
+        if other.key == fc.key and other.no_grad and other.via is None and other is not fc
+    ]
+    if not guarded:
+        return None
+    return (
+        f"in inference code (line {guarded[0].node.lineno} runs `{fc.key}` under no_grad in "
+        "the same function)"
+    )

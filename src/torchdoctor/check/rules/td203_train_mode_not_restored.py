@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import ClassVar
 
-from torchdoctor.check.analysis.file_loops import analysis
-from torchdoctor.check.analysis.mode_state import EVAL
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.mode_state import EVAL, Origin
 from torchdoctor.check.analysis.names import is_eval_name, is_torch_file
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.rule import Rule, Severity
@@ -23,7 +25,9 @@ class TrainModeNotRestored(Rule):
     routine called *before* a training step -- `self.validate()` every N batches,
     a baseline `evaluate(model)` before the epoch loop -- that leaves the model in
     eval mode is reported too; a direct `model.eval()` before training is not
-    (fine-tuning with BatchNorm frozen does that on purpose).
+    (fine-tuning with BatchNorm frozen does that on purpose). A routine of the same
+    file called from one place only is reported at its `model.eval()`; one that
+    several places call, at the call that trains in eval mode after it.
 
     ## Why is this bad?
     Only the first epoch trains in training mode. From the second epoch on,
@@ -84,21 +88,52 @@ class TrainModeNotRestored(Rule):
                         continue
                     if origin.line <= step_line and not _evaluation_call(origin.node):
                         continue  # a direct eval() before training may freeze BatchNorm on purpose
-                    if id(origin.node) in reported:
+                    where = _where(fl, fi, origin)
+                    if id(where) in reported:
                         continue
-                    reported.add(id(origin.node))
+                    reported.add(id(where))
                     then = (
                         f"the loop comes back to {step.what} at line {step_line}, which"
                         if origin.line > step_line
                         else f"{step.what} at line {step_line} then"
                     )
                     self.report(
-                        origin.node,
+                        where,
                         f"{origin.what} is never undone: {then} trains `{step.key}` in eval mode "
                         "(Dropout off, BatchNorm frozen to its running statistics)",
                         hint=f"call `{step.key}.train()` at the start of each epoch or after "
                         "evaluating",
                     )
+
+
+def _where(fl: FileLoops, fi: FunctionInfo, origin: Origin) -> ast.AST:
+    """Where to report an eval() never undone: inside the function of this file that
+    calls it (`self.model.eval()` in `validate()`) when only one call reaches it, or
+    when no caller sets training mode again after calling it: that is the code to
+    change; at the call otherwise (a shared `validate()` that other callers follow with
+    `train()`)."""
+    call = origin.node
+    assert call is not None
+    if origin.inner is None or not isinstance(call, ast.Call):
+        return call
+    resolved = fl.resolve(fi, call, other_files=False)
+    if resolved is None:
+        return call
+    callers = fl.callers(resolved[0])
+    if len(callers) == 1 or not any(_restores_after(fl, c, e.node) for c, e in callers):
+        return origin.inner
+    return call
+
+
+_RESTORE = re.compile(r"\btrain\(|[\"']train[\"']|train\s*=\s*True")
+
+
+def _restores_after(fl: FileLoops, caller: FunctionInfo, call: ast.AST) -> bool:
+    """Some code of `caller` after `call` may set training mode again."""
+    end = getattr(call, "end_lineno", 0) or 0
+    lines = fl.ctx.segment(caller.node).splitlines()
+    start = getattr(caller.node, "lineno", 1)
+    return bool(_RESTORE.search("\n".join(lines[max(end - start + 1, 0) :])))
 
 
 def _evaluation_call(node: ast.AST) -> bool:

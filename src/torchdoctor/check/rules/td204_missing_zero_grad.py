@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.events import (
     ZERO,
     Branch,
     Event,
+    can_follow,
     invariant_guards,
 )
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis, file_of
@@ -36,7 +37,10 @@ class MissingZeroGrad(Rule):
     the loop: no `optimizer.zero_grad()`, `model.zero_grad()`,
     `zero_grad(set_to_none=True)`, `p.grad = None` or `p.grad.zero_()`, directly or
     in a function the loop calls. A `zero_grad()` that runs once before the loop
-    does not count.
+    does not count. A method that runs one step of the optimizer its object builds
+    (`def learn(self, batch)`, called by a game or episode loop elsewhere) is
+    reported when nothing in its file zeroes gradients and no other checked file
+    that zeroes them calls it.
 
     ## Why is this bad?
     `backward()` *adds* into `.grad`; it never overwrites it. Without zeroing,
@@ -82,10 +86,13 @@ class MissingZeroGrad(Rule):
         if not is_torch_file(self.ctx.source):
             return
         fl = analysis(self.ctx)
+        zeroing_here = mentions_zeroing(self.ctx.source)
         for fi in fl.all_functions():
             if "backward" not in fi.text or ".step(" not in fi.text:
                 continue
             events = fl.events(fi)
+            if not zeroing_here:
+                self._step_method(fi, events)
             done: set[tuple[int, str | None]] = set()
             for step in events:
                 if step.kind not in (STEP, SCALER_STEP):
@@ -130,6 +137,62 @@ class MissingZeroGrad(Rule):
                     hint=f"call `{optimizer or 'optimizer'}.zero_grad()` once per step, "
                     "e.g. at the top of the loop",
                 )
+
+    def _step_method(self, fi: FunctionInfo, events: list[Event]) -> None:
+        """A method that runs one training step of the optimizer its object holds, with no
+        loop of its own (`def learn(self, batch)`, called once per batch or episode):
+        where nothing in the file zeroes gradients, and no other file that zeroes them
+        calls this method, each call adds its gradients to all earlier calls'."""
+        if fi.cls is None:
+            return
+        for step in events:
+            if step.kind not in (STEP, SCALER_STEP) or step.loops():
+                continue
+            optimizer = step.subject if step.kind == STEP else step.target
+            if optimizer is None or not optimizer.startswith("self."):
+                continue
+            backward = next(
+                (e for e in events if e.kind == BACKWARD and not e.loops() and can_follow(e, step)),
+                None,
+            )
+            if backward is None or not self._owned_optimizer(fi, optimizer):
+                continue
+            if self._zeroed_elsewhere(fi.name):
+                return
+            self.report(
+                step.node,
+                f"`{self.ctx.segment(step.node)}` at line {step.line} follows "
+                f"`{self.ctx.segment(backward.node)}` at line {backward.line} on every call of "
+                f"{fi.label}, but nothing in this file zeroes the gradients: `{optimizer}` "
+                "lives on between calls, so each step applies the sum of the gradients of "
+                "every call so far",
+                hint=f"call `{optimizer}.zero_grad()` before `backward()` in `{fi.name}()`",
+            )
+            return
+
+    def _owned_optimizer(self, fi: FunctionInfo, optimizer: str) -> bool:
+        """`self.optimizer = torch.optim.Adam(...)` in the class, and not rebuilt in `fi`."""
+        cls = fi.cls
+        assert cls is not None
+        built = False
+        for node in walk(cls):
+            if not isinstance(node, ast.Assign) or not any(
+                dotted(t) == optimizer for t in node.targets
+            ):
+                continue
+            if _inside(node, fi.node):
+                return False  # a fresh optimizer on every call
+            value = node.value
+            name = self.ctx.qualname(value.func) if isinstance(value, ast.Call) else None
+            if name is None or not name.startswith("torch.optim."):
+                return False  # assigned from something we cannot see
+            built = True
+        return built
+
+    def _zeroed_elsewhere(self, method: str) -> bool:
+        """Another file of the run zeroes gradients and calls `.method(` (this file zeroes
+        nothing, or the rule would not ask)."""
+        return method in self.ctx.project.zeroing_calls
 
     def _zeroes(
         self,
@@ -207,6 +270,10 @@ class MissingZeroGrad(Rule):
                 return True  # zeroed in both branches of one test: every pass is covered
             only_when.append(guarded[0])
         return False
+
+
+def _inside(node: ast.AST, outer: ast.AST) -> bool:
+    return any(n is node for n in walk(outer))
 
 
 def _training_loop(events: list[Event], step: Event) -> ast.AST | None:

@@ -14,9 +14,11 @@ from torchdoctor.check.analysis.events import (
     counter_condition,
     is_accumulation,
     unconditional_in,
+    zero_passes,
 )
-from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.inline_events import inlined_events
 from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.rule import Rule, Severity
 
@@ -33,7 +35,13 @@ class ZeroGradMisplaced(Rule):
     - on every pass of a loop that only steps every k passes
       (`if (i + 1) % accum == 0: optimizer.step()`), or inside the micro-batch loop
       of an accumulation (`for micro in range(k): optimizer.zero_grad(); ...backward()`
-      with the step after the loop), so nothing is accumulated.
+      with the step after the loop), so nothing is accumulated;
+    - on the stepping pass of an accumulation, before that pass's `backward()`
+      (`if (i + 1) % k == 0: optimizer.zero_grad()` ahead of the backward, with the
+      step under the same test), so each step uses one batch. The loop is read with
+      the methods of the file it calls in place, so a training step split into
+      `self._start_update()`, `self._backward(loss)` and `self._finish_update()` is
+      understood; the report goes to the call in the loop.
 
     GAN loops with two optimizers are understood: `netG.zero_grad()` between the
     discriminator's `backward()` and `optimizerD.step()` is fine.
@@ -76,8 +84,12 @@ class ZeroGradMisplaced(Rule):
         if not is_torch_file(self.ctx.source):
             return
         fl = analysis(self.ctx)
+        split = "zero_grad" in self.ctx.source and "%" in self.ctx.source
+        split_reported: set[int] = set()
         for fi in fl.all_functions():
             text = fi.text
+            if split and "%" in text and ("for " in text or "while " in text):
+                self._split_loop(fl, fi, split_reported)
             if "backward" not in text or "zero_grad" not in text:
                 continue
             events = fl.events(fi)
@@ -103,6 +115,75 @@ class ZeroGradMisplaced(Rule):
                             hint="zero the gradients right after "
                             "the conditional `step()`, inside the same `if`",
                         )
+
+    def _split_loop(self, fl: FileLoops, fi: FunctionInfo, reported: set[int]) -> None:
+        """An accumulation loop whose zeroing runs on the stepping pass before that pass's
+        backward(), read with the methods it calls in place (`self._start_update()` under
+        `if (i + 1) % k == 0`, then `self.run_batch()`, then `self._finish_update()`)."""
+        flat = inlined_events(fl, fi)
+        if not any(e.kind == ZERO for e in flat):
+            return
+        steps = [e for e in flat if e.kind in (STEP, SCALER_STEP)]
+        optimizers = {_optimizer_of(e) for e in steps} - {None}
+        for step in steps:
+            for zero, message in self._on_step_pass(fi, flat, step, optimizers):
+                node = zero.site if zero.site is not None else zero.node
+                if id(node) in reported:
+                    continue
+                reported.add(id(node))
+                self.report(
+                    node,
+                    message,
+                    hint="zero the gradients right after the conditional `step()` (or on "
+                    "the first pass of each window), never before that pass's backward()",
+                )
+
+    def _on_step_pass(
+        self, fi: FunctionInfo, events: list[Event], step: Event, optimizers: set[str | None]
+    ) -> list[tuple[Event, str]]:
+        optimizer = _optimizer_of(step)
+        if optimizer is None:
+            return []
+        found: list[tuple[Event, str]] = []
+        for loop in reversed(step.loops()):
+            counters = zero_passes(step, loop)
+            if not counters:
+                continue
+            for zero in events:
+                if zero.kind != ZERO or not zero.in_loop(loop) or zero.order >= step.order:
+                    continue
+                if not self._zeroes_optimizer(fi, zero, optimizer, optimizers):
+                    continue
+                same = counters & zero_passes(zero, loop)
+                if not same:
+                    continue
+                backward = next(
+                    (
+                        e
+                        for e in events
+                        if e.kind == BACKWARD
+                        and zero.order < e.order < step.order
+                        and unconditional_in(e, loop)
+                    ),
+                    None,
+                )
+                if backward is None:
+                    continue
+                counter = sorted(same)[0]
+                found.append(
+                    (
+                        zero,
+                        f"`{self.ctx.segment(zero.site or zero.node)}` at line "
+                        f"{(zero.site or zero.node).lineno} zeroes the gradients on the pass where "  # type: ignore[attr-defined]
+                        f"`{counter} == 0`, before that pass's "
+                        f"`{self.ctx.segment(backward.node)}` and the "
+                        f"`{self.ctx.segment(step.node)}` at line {step.line}: the gradients "
+                        "the other passes accumulated are thrown away, so each step uses one "
+                        "batch",
+                    )
+                )
+            break
+        return found
 
     def _between(
         self, fi: FunctionInfo, events: list[Event], step: Event, optimizers: set[str | None]
