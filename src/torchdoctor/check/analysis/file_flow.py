@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.syntax import (
     _ASSIGNED_ATTR,
     _is_static,
     _looks_like_tensor_arg,
+    dotted,
     returns_factory,
 )
 from torchdoctor.check.analysis.values import (
@@ -297,6 +298,14 @@ class FileFlow(FileIndex):
             if uses != calls:
                 return {}  # `self.m` passed around as a value: not all calls are seen
             scopes = [m for m in callers if m is not func]
+        elif _is_staticmethod(func) and f"{cls.name}.{func.name}" not in self.ctx.source:
+            # `self._mask(n, m)` of a staticmethod: every argument is a parameter (calls
+            # through the class name may come from elsewhere: then its callers are unseen)
+            callee, offset = f"self.{func.name}", 0
+            uses, calls, callers = self._method_uses(cls).get(func.name, (0, 0, []))
+            if uses != calls:
+                return {}
+            scopes = [m for m in callers if m is not func]
         else:
             return {}
         if scopes is None:
@@ -397,6 +406,10 @@ class FileFlow(FileIndex):
                 values[key] = value
         # parameters not passed take their defaults: unknown
         return {k: _as_parameter(k, v) for k, v in values.items()}
+
+
+def _is_staticmethod(func: AnyFunction) -> bool:
+    return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)
 
 
 def _built_loaders(value: Value) -> bool:

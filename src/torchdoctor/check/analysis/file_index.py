@@ -164,6 +164,25 @@ class FileIndex:
         cls = self.class_of(func)
         return func.name == "forward" and cls is not None and self.is_module_class(cls)
 
+    def reached_methods(self, cls: ast.ClassDef, start: AnyFunction) -> list[AnyFunction]:
+        """The methods of `cls` that `start` runs through `self.m(...)` calls, one inside
+        another (`forward` -> `_masks` -> `_one_mask`), `start` first."""
+        methods = self.methods(cls)
+        called: dict[AnyFunction, list[AnyFunction]] = {}
+        for name, (_, calls, callers) in self._method_uses(cls).items():
+            method = methods.get(name)
+            if method is not None and calls:
+                for caller in callers:
+                    called.setdefault(caller, []).append(method)
+        found: dict[AnyFunction, None] = {start: None}
+        todo = [start]
+        while todo:
+            for method in called.get(todo.pop(), []):
+                if method not in found:
+                    found[method] = None
+                    todo.append(method)
+        return list(found)
+
     def text(self, node: ast.AST) -> str:
         """The source lines of a statement-level node (cached; for cheap text gates)."""
         found = self._texts.get(node)

@@ -101,7 +101,7 @@ class FactoryWithoutDevice(Rule):
                 continue
             if not devices and _runs_here(ff, cls):
                 continue  # a CPU-only script running its own model: it never meets a GPU
-            if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
+            if func not in ff.reached_methods(cls, forward):
                 continue
             if not ff.mentions(func, "torch.", *FACTORIES, *LEGACY_CONSTRUCTORS):
                 makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
