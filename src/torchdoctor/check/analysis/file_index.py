@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.syntax import (
     _COMPOUND_STATEMENTS,
     _DEF_OR_IMPORT,
     _SELF_ATTRIBUTE_USE,
+    _is_static,
     _target_names,
     module_receivers,
 )
@@ -66,6 +67,7 @@ class FileIndex:
         self._module_names: frozenset[str] | None = None
         self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
         self._module_attrs: dict[ast.ClassDef, frozenset[str]] = {}
+        self._init_helpers: dict[ast.ClassDef, frozenset[str]] = {}
 
     # -- index -------------------------------------------------------------------------
     def _index(self, body: list[ast.stmt], cls: ast.ClassDef | None, *, top: bool) -> None:
@@ -163,6 +165,32 @@ class FileIndex:
         """`forward` of an nn.Module subclass."""
         cls = self.class_of(func)
         return func.name == "forward" and cls is not None and self.is_module_class(cls)
+
+    def init_helpers(self, cls: ast.ClassDef) -> frozenset[str]:
+        """Methods that only `__init__` runs (directly or through one another), by
+        `self.m(...)` calls and never as a value: what they set on `self` is set at
+        construction, like `__init__`'s own `self.x = ...` (`self._build_masks()`)."""
+        found = self._init_helpers.get(cls)
+        if found is None:
+            methods = self.methods(cls)
+            uses = self._method_uses(cls)
+            helpers: set[str] = set()
+            changed = "__init__" in methods
+            while changed:
+                changed = False
+                for name, method in methods.items():
+                    if name == "__init__" or name in helpers or _is_static(method):
+                        continue
+                    used, calls, callers = uses.get(name, (0, 0, []))
+                    if (
+                        calls
+                        and used == calls
+                        and all(c.name == "__init__" or c.name in helpers for c in callers)
+                    ):
+                        helpers.add(name)
+                        changed = True
+            found = self._init_helpers[cls] = frozenset(helpers)
+        return found
 
     def reached_methods(self, cls: ast.ClassDef, start: AnyFunction) -> list[AnyFunction]:
         """The methods of `cls` that `start` runs through `self.m(...)` calls, one inside

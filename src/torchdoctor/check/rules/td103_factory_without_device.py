@@ -148,7 +148,8 @@ class FactoryWithoutDevice(Rule):
         cls = ff.class_of(func)
         if cls is None:
             return []
-        return [m for name, m in ff.methods(cls).items() if name != "__init__" and m is not func]
+        skip = {"__init__", *ff.init_helpers(cls)}  # what construction makes is TD104's
+        return [m for name, m in ff.methods(cls).items() if name not in skip and m is not func]
 
     def _message(
         self, func: AnyFunction, forward: AnyFunction | None, m: Mismatch, qual: str, factory: str
