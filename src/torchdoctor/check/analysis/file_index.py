@@ -195,6 +195,25 @@ class FileIndex:
     def reached_methods(self, cls: ast.ClassDef, start: AnyFunction) -> list[AnyFunction]:
         """The methods of `cls` that `start` runs through `self.m(...)` calls, one inside
         another (`forward` -> `_masks` -> `_one_mask`), `start` first."""
+        return list(self._reached(cls, start))
+
+    def call_chain(
+        self, cls: ast.ClassDef, start: AnyFunction, target: AnyFunction
+    ) -> list[AnyFunction]:
+        """The methods from `start` to `target` through `self.m(...)` calls, both ends
+        included (a shortest chain; empty if `start` does not reach `target`)."""
+        parents = self._reached(cls, start)
+        if target not in parents:
+            return []
+        chain = [target]
+        while (parent := parents[chain[-1]]) is not None:
+            chain.append(parent)
+        return chain[::-1]
+
+    def _reached(
+        self, cls: ast.ClassDef, start: AnyFunction
+    ) -> dict[AnyFunction, AnyFunction | None]:
+        """Each method `start` reaches, with the method that calls it on a shortest chain."""
         methods = self.methods(cls)
         called: dict[AnyFunction, list[AnyFunction]] = {}
         for name, (_, calls, callers) in self._method_uses(cls).items():
@@ -202,14 +221,15 @@ class FileIndex:
             if method is not None and calls:
                 for caller in callers:
                     called.setdefault(caller, []).append(method)
-        found: dict[AnyFunction, None] = {start: None}
+        parents: dict[AnyFunction, AnyFunction | None] = {start: None}
         todo = [start]
         while todo:
-            for method in called.get(todo.pop(), []):
-                if method not in found:
-                    found[method] = None
+            current = todo.pop(0)
+            for method in called.get(current, []):
+                if method not in parents:
+                    parents[method] = current
                     todo.append(method)
-        return list(found)
+        return parents
 
     def text(self, node: ast.AST) -> str:
         """The source lines of a statement-level node (cached; for cheap text gates)."""

@@ -179,6 +179,13 @@ class FactoryWithoutDevice(Rule):
                 f" or `{like}(...)`" if like.startswith("torch.") else f" or `{base}.{like}(...)`"
             )
         path = f", and {m.path}" if m.path else ""
+        cls = file_flow(self.ctx).class_of(func)
+        if forward is not None and cls is not None and func is not forward:
+            # `forward` -> `_masks` -> `_mask`: say how forward gets there
+            chain = file_flow(self.ctx).call_chain(cls, forward, func)
+            if len(chain) > 2:
+                through = " -> ".join(f"`{c.name}`" for c in chain)
+                path += f"; {through} runs it"
         if factory in LEGACY_CONSTRUCTORS:
             dtype = _LEGACY_DTYPES.get(factory, "")
             return (
