@@ -109,6 +109,25 @@ class FileIndex:
     def methods(self, cls: ast.ClassDef) -> dict[str, AnyFunction]:
         return self._methods.get(cls, {})
 
+    def inherited_methods(self, cls: ast.ClassDef) -> dict[str, AnyFunction]:
+        """The methods an instance of `cls` runs: its own, then those of its base classes
+        defined at the top of this file (first base first), not overridden."""
+        found: dict[str, AnyFunction] = {}
+        seen: set[ast.ClassDef] = set()
+        todo = [cls]
+        while todo:
+            current = todo.pop(0)
+            if current in seen:
+                continue
+            seen.add(current)
+            for name, method in self.methods(current).items():
+                found.setdefault(name, method)
+            for base in current.bases:
+                local = self.classes.get(base.id) if isinstance(base, ast.Name) else None
+                if local is not None:
+                    todo.append(local)
+        return found
+
     def module_attrs(self, cls: ast.ClassDef) -> frozenset[str]:
         """Attributes `x` some method of `cls` uses as an nn.Module (`self.x.eval()`)."""
         found = self._module_attrs.get(cls)
@@ -214,7 +233,7 @@ class FileIndex:
         self, cls: ast.ClassDef, start: AnyFunction
     ) -> dict[AnyFunction, AnyFunction | None]:
         """Each method `start` reaches, with the method that calls it on a shortest chain."""
-        methods = self.methods(cls)
+        methods = self.inherited_methods(cls)
         called: dict[AnyFunction, list[AnyFunction]] = {}
         for name, (_, calls, callers) in self._method_uses(cls).items():
             method = methods.get(name)
@@ -381,11 +400,12 @@ class FileIndex:
         self._uses.update(uses)
 
     def _method_uses(self, cls: ast.ClassDef) -> dict[str, tuple[int, int, list[AnyFunction]]]:
-        """Per method name `m`: (uses of `self.m`, calls `self.m(`, the methods calling it)."""
+        """Per method name `m`: (uses of `self.m`, calls `self.m(`, the methods calling it),
+        inherited methods included (a base's `forward` calls the subclass's `self.m(...)`)."""
         found = self._class_uses.get(cls)
         if found is None:
             found = {}
-            for method in self.methods(cls).values():
+            for method in self.inherited_methods(cls).values():
                 params = [*method.args.posonlyargs, *method.args.args]
                 me = params[0].arg if params else "self"
                 for match in _SELF_ATTRIBUTE_USE.finditer(self.text(method)):

@@ -96,7 +96,7 @@ class FactoryWithoutDevice(Rule):
                 ):
                     self._check(func, None, ff.scope(func))
                 continue
-            forward = ff.methods(cls).get("forward")
+            forward = ff.inherited_methods(cls).get("forward")  # maybe a base class's
             if forward is None:
                 continue
             if not devices and _runs_here(ff, cls):
