@@ -36,6 +36,9 @@ def build():
         2, 2
     )
     return net.cuda()
+
+
+GPU = torch.cuda.is_available()  # the script is meant to run without a GPU too
 """
 
 

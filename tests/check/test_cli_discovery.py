@@ -182,8 +182,10 @@ def test_file_names_are_judged_inside_the_project(
     or GPU-only file (TD101 judges the path inside the project root); a `benchmarks/`
     folder inside the project still is."""
     root = tmp_path / "benchmarks" / "gpu-work" / "proj"
-    write(root / "train.py", "import torch\nx = torch.zeros(2).cuda()\n")
-    write(root / "benchmarks" / "speed.py", "import torch\nx = torch.zeros(2).cuda()\n")
+    # (each file also asks for a GPU, so a hard-wired one is a bug there: TD101, not TD115)
+    text = "import torch\nx = torch.zeros(2).cuda()\ngpu = torch.cuda.is_available()\n"
+    write(root / "train.py", text)
+    write(root / "benchmarks" / "speed.py", text)
     monkeypatch.chdir(root)
     run = td("check", "--isolated", "--select", "TD101", "--no-cache", "--format", "json", root)
     found = {Path(item["filename"]).name for item in json.loads(run.out)}

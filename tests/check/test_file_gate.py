@@ -46,6 +46,7 @@ def test_gated_rules_still_report_through_aliases() -> None:
         "w = nn.Parameter(state['w'])\n"
         "w.Requires_Grad = False\n"
         "model.cuda()\n"
+        "gpu = torch.cuda.is_available()\n"  # meant to run without a GPU: TD101, not TD115
     )
     rules = [rules_by_code()[code] for code in ("TD101", "TD208", "TD401", "TD402")]
     found = {(f.code, f.line) for f in check_source(source, "train.py", rules)}

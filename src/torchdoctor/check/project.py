@@ -11,7 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from torchdoctor.check.analysis.values import Value
+from torchdoctor.check.analysis.values import Passed, Value
 from torchdoctor.check.lines import as_lf
 
 # `class Name(bases...)`: bases may span lines; nested brackets are rare in bases.
@@ -83,6 +83,14 @@ class ProjectIndex:
     # Where a file of the project starts an NCCL process group ("path:line"), if one does
     # (analysis/project_facts.nccl_start; TD113 asks).
     nccl_start: str | None = None
+    # Function name -> (parameter position or keyword, fact) for calls in the project
+    # that hand it a model wrapped in DataParallel/DDP on some path (analysis/wraps.py;
+    # TD404 asks in the file that defines the function).
+    wrapped_arguments: dict[str, tuple[tuple[str, Passed], ...]] = field(default_factory=dict)
+    # Generic class name -> the project classes it is built with as a type argument
+    # (`Store[Record](...)`): (the argument's dotted name, file, line)
+    # (analysis/project_facts.generic_arguments; TD406 asks for `obj: T` parameters).
+    generic_arguments: dict[str, tuple[tuple[str, str, int], ...]] = field(default_factory=dict)
     # The folder the run checks from (the config root, or the working directory): rules
     # that judge a file by its path judge the part inside the project, not where the
     # project happens to live (`~/benchmarks/myproj/train.py` is no benchmark file).
@@ -121,6 +129,10 @@ class ProjectIndex:
             text += "\nnccl:" + self.nccl_start
         if self.batchnorm_classes:
             text += "\nbatchnorm:" + ",".join(sorted(self.batchnorm_classes))
+        if self.generic_arguments:
+            text += "\ngeneric:" + repr(sorted(self.generic_arguments.items()))
+        if self.wrapped_arguments:
+            text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -20,7 +20,8 @@ import re
 from collections.abc import Iterable
 
 from torchdoctor.check.analysis.file_flow import file_flow
-from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value
+from torchdoctor.check.analysis.values import UNKNOWN, Kind, Passed, Value
+from torchdoctor.check.analysis.wraps import wrapped_arguments
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import as_lf
 from torchdoctor.check.project import CLASS_HEADER, CallFact, ProjectIndex, scan_classes
@@ -205,6 +206,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     """Index `sources`: texts, or (path, text) pairs (paths name files in messages)."""
     index = ProjectIndex()
     candidates: list[tuple[str, str]] = []
+    wrapping: list[tuple[str, str]] = []  # files that may hand a wrapped model on
+    generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`
     moving: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
@@ -222,9 +225,79 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         count += 1
         if is_candidate(source):
             candidates.append((path, source))
+        if ("DataParallel" in source or "DDP" in source) and _WRAPS.search(source):
+            wrapping.append((path, source))
+        if _GENERIC_BUILD.search(source):
+            generic.append((path, source))
     index.moving_classes = frozenset(moving)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
     index.resolve()
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)
+    if wrapping and count > 1:
+        index.wrapped_arguments = _wrapped_arguments(index, wrapping)
+    if generic:
+        index.generic_arguments = generic_arguments(index, generic)
     return index
+
+
+# A model wrapped here (`DataParallel(model)`, `DDP(model, ...)`), to be handed on.
+_WRAPS = re.compile(r"(?:DataParallel|DDP)\s*\(")  # DistributedDataParallel( too
+# `Store[Record](...)`: a generic class built with a class as its type argument.
+_GENERIC_BUILD = re.compile(r"\b[A-Z]\w*\[\s*[A-Za-z_][\w.]*\s*\]\s*\(")
+
+
+def generic_arguments(
+    index: ProjectIndex, files: Iterable[tuple[str, str]]
+) -> dict[str, tuple[tuple[str, str, int], ...]]:
+    """Generic class name -> the classes of the project it is built with as a type
+    argument (`ObjectStore[Record](root)`): a class the project defines (in the building
+    file, or with bases anywhere), or one imported
+    from the package the building file belongs to (its top package names a folder of
+    the file's path)."""
+    found: dict[str, list[tuple[str, str, int]]] = {}
+    for path, source in files:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            continue
+        ctx = FileContext(path, source, tree, index)
+        folders = set(re.split(r"[\\/]", path)[:-1])
+        local = {c.name for c in tree.body if isinstance(c, ast.ClassDef)}
+        try:
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
+                    continue
+                generic, argument = node.func.value, node.func.slice
+                if not isinstance(argument, ast.Name | ast.Attribute):
+                    continue
+                name = ctx.qualname(argument) or ""
+                owner = name.split(".", 1)[0]
+                last = name.rsplit(".", 1)[-1]
+                if name in local or last in index.bases or ("." in name and owner in folders):
+                    cls = ast.unparse(generic).rsplit(".", 1)[-1]
+                    found.setdefault(cls, []).append((name, path, node.lineno))
+        finally:
+            ctx.close()
+    return {name: tuple(facts) for name, facts in found.items()}
+
+
+def _wrapped_arguments(
+    index: ProjectIndex, files: Iterable[tuple[str, str]]
+) -> dict[str, tuple[tuple[str, Passed], ...]]:
+    """Function name -> the models wrapped in DataParallel/DDP that `files` hand it."""
+    found: dict[str, list[tuple[str, Passed]]] = {}
+    for path, source in files:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            continue
+        ctx = FileContext(path, source, tree, index)
+        try:
+            for name, facts in wrapped_arguments(ctx).items():
+                found.setdefault(name, []).extend(facts)
+        except RecursionError:
+            continue
+        finally:
+            ctx.close()
+    return {name: tuple(facts) for name, facts in found.items()}

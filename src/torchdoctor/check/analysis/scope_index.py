@@ -65,9 +65,10 @@ def scoped_calls(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
     return ctx.shared("scope_index.scoped_calls", build)
 
 
-def assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign]]:
-    """Plain `name = value` statements of `scope`, by name (once per scope and file)."""
-    cache: dict[int, dict[str, list[ast.Assign]]] = ctx.shared(
+def assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign | ast.AnnAssign]]:
+    """Plain `name = value` (and `name: T = value`) statements of `scope`, by name; and
+    `self.attr = value` ones by `self.attr` (once per scope and file)."""
+    cache: dict[int, dict[str, list[ast.Assign | ast.AnnAssign]]] = ctx.shared(
         "scope_index.assignments", lambda _: {}
     )
     found = cache.get(id(scope))
@@ -75,7 +76,18 @@ def assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign]]
         found = cache[id(scope)] = {}
         for node in own_nodes(ctx, scope):
             if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    if isinstance(target, ast.Name):
-                        found.setdefault(target.id, []).append(node)
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    found.setdefault(target.id, []).append(node)
+                elif (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "self"
+                ):
+                    found.setdefault(f"self.{target.attr}", []).append(node)
     return found

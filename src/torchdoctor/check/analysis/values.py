@@ -271,3 +271,28 @@ def _join_seeds(a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
     for key in a.keys() | b.keys():
         out[key] = join(a.get(key, UNKNOWN), b.get(key, UNKNOWN))
     return out
+
+
+# -- models wrapped in DataParallel/DDP (analysis/wraps.py), portable across files --
+@dataclass(frozen=True)
+class Wrap:
+    key: str  # the name (or `self.` attribute) that holds the wrapper
+    line: int  # where the name is bound to it
+    wrapper: str  # "DataParallel" / "DistributedDataParallel"
+    via: str = ""  # the function whose result it is (`load_model`), if not built here
+    origin: int = 0  # the line of the wrapper's construction (in `via`, if one)
+
+    def describe(self, where: str = "") -> str:
+        """`DataParallel` (line 85, returned by `load_model`), for messages."""
+        text = f"`{self.wrapper}` ({where + ' ' if where else ''}line {self.origin or self.line}"
+        return text + (f", returned by `{self.via}`)" if self.via else ")")
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A wrapped model handed to a function's parameter by a call."""
+
+    wrap: Wrap
+    caller: str  # the calling function's name
+    line: int  # the call's line
+    where: str = ""  # the caller's file, when another one

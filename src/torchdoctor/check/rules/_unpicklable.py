@@ -94,10 +94,24 @@ class Finder:
         return name in _STORING or last[:1].isupper()
 
     def binding(self, name: str, before: int) -> ast.expr | None:
-        """The value of the latest plain `name = value` before line `before` in scope."""
+        """The value of the latest plain `name = value` before line `before` in scope
+        (`name` may be `self.attr`)."""
         latest: ast.expr | None = None
         latest_line = -1
         for node in assignments(self.ctx, self.scope).get(name, ()):
-            if latest_line < node.lineno < before:
+            if latest_line < node.lineno < before and node.value is not None:
                 latest, latest_line = node.value, node.lineno
         return latest
+
+    def default(self, name: str) -> ast.expr | None:
+        """The default value of the scope's parameter `name`, if it has one."""
+        if not isinstance(self.scope, ast.FunctionDef | ast.AsyncFunctionDef):
+            return None
+        args = self.scope.args
+        positional = [*args.posonlyargs, *args.args]
+        with_default = positional[len(positional) - len(args.defaults) :]
+        pairs = list(zip(with_default, args.defaults, strict=True))
+        pairs += [
+            (a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
+        ]
+        return next((d for a, d in pairs if a.arg == name), None)

@@ -4,6 +4,7 @@ import ast
 import re
 from typing import TYPE_CHECKING, ClassVar
 
+from torchdoctor.check.analysis.device_choice import DeviceChoice
 from torchdoctor.check.analysis.gpu_gates import (
     always_run_calls,
     calls_cuda_only,
@@ -68,13 +69,25 @@ _HINT = (
 
 
 class HardcodedCuda(Rule):
-    """`.cuda()` or a `"cuda"` device with no fallback: the code cannot run without a GPU.
+    """`.cuda()` or a `"cuda"` device with no fallback, in code that must run off the GPU too.
 
     ## What it does
     Finds places that send tensors or modules to a CUDA GPU unconditionally:
     `.cuda()` calls, and the literals `"cuda"` / `"cuda:N"` used as a device
     (`.to("cuda")`, `torch.device("cuda")`, `device="cuda"`, `map_location="cuda"`,
-    `device = "cuda"`).
+    `device = "cuda"`), where the code shows that it must also run elsewhere:
+    - in model code (a method of an `nn.Module` subclass), which runs on whatever
+      device its user moves the model to;
+    - in a function that already has a device to follow (`x.device`,
+      `x.is_cuda`, a `device` parameter), or that combines the CUDA tensor it
+      makes with one of its inputs (`ones = torch.eye(n).cuda()` then
+      `ones.index_select(0, batch)`);
+    - in a file that asks `torch.cuda.is_available()` or `x.is_cuda` elsewhere,
+      so it is meant to run without a GPU;
+    - in test code, which runs on CPU-only CI machines.
+
+    A script that shows no other device was written for a GPU machine; its
+    hard-wired CUDA is reported by TD115 (advice, off by default).
 
     It stays quiet where the author has already made the choice conditional or
     the code is CUDA-only on purpose:
@@ -150,6 +163,7 @@ class HardcodedCuda(Rule):
         )
         self._cuda_only_blocks: dict[int, bool] = {}
         self._gated: bool | None = None
+        self._device_choice: DeviceChoice | None = None
         self._gated_classes: set[str] | None = None
         # Without a "cuda" / 'cuda:0' string, only `.cuda()` calls can be reported.
         self._literals = '"cuda' in ctx.source or "'cuda" in ctx.source
@@ -192,7 +206,16 @@ class HardcodedCuda(Rule):
             return
         if culprit is None or self._guarded(node):
             return
-        self.report(culprit, message, hint=_HINT)
+        if self._device_choice is None:
+            self._device_choice = DeviceChoice(self.ctx)
+        reason = self._device_choice.reason([*self.ctx.stack, node], node)
+        if self.reports(reason):
+            self.report(culprit, message if reason is None else f"{message}: {reason}", hint=_HINT)
+
+    def reports(self, reason: str | None) -> bool:
+        """A bug only where the code shows it must run off the GPU too (`reason`);
+        a script that simply runs on a GPU is TD115's (advice)."""
+        return reason is not None
 
     def _check_call(self, call: ast.Call) -> tuple[ast.AST | None, str]:
         func = call.func

@@ -40,13 +40,14 @@ class SaveWholeModel(Rule):
 
     ## What it does
     Finds `torch.save` calls whose first argument is a module itself: `self`
-    inside an `nn.Module`, a name built from a module class (`model = Net()`,
-    `net = torchvision.models.resnet18()`), a module parameter
+    inside an `nn.Module`, a name or attribute built from a module class
+    (`model = Net()`, `self.net = torchvision.models.resnet18()`), a module parameter
     (`model: nn.Module`), `model.module`, `model.cpu()`, ..., or a variable
     named like a model (`model`, `net`, `netG`, `encoder`, `*_model`) that the
     function does not bind to anything else (a dict, a `state_dict()`, a
-    loaded checkpoint). A loaded object, or one built by a class the run cannot
-    see, counts as a module where the function calls a method only modules have
+    loaded checkpoint), or an attribute so named (`self.model`, `self.trainer.model`)
+    that the file does not bind to anything else. A loaded object, or one built by a
+    class the run cannot see, counts as a module where the function calls a method only modules have
     on it (`net.parameters()`, `net.train()`, `net.named_modules()`).
 
     Dicts are left alone, even with a module inside: checkpoint dicts that
@@ -126,6 +127,8 @@ class SaveWholeModel(Rule):
             return self._constructed_module(obj)
         if isinstance(obj, ast.Attribute) and obj.attr == "module":
             return self._module_evidence(obj.value, line, depth - 1)
+        if isinstance(obj, ast.Attribute):
+            return self._attribute_module(obj, depth)
         if not isinstance(obj, ast.Name):
             return None
         if obj.id == "self":
@@ -173,6 +176,28 @@ class SaveWholeModel(Rule):
         if _MODULE_FACTORIES.search(name):
             return f"built by `{name}(...)`"
         return None
+
+    def _attribute_module(self, obj: ast.Attribute, depth: int) -> str | None:
+        """An attribute named like a model (`self.model`, `self.trainer.net`), unless the
+        file binds that attribute to something else (a dict, a name string, a state dict)
+        -- where the file builds it, what it is bound to decides."""
+        if not (_MODEL_NAME.fullmatch(obj.attr) or _MODEL_SUFFIX.search(obj.attr)):
+            return None
+        text = self.ctx.segment(obj)
+        for sub in walk(self.ctx.tree):
+            if not isinstance(sub, ast.Assign | ast.AnnAssign) or sub.value is None:
+                continue
+            targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+            if not any(self.ctx.segment(t) == text for t in targets) or (
+                isinstance(sub.value, ast.Constant) and sub.value.value is None
+            ):
+                continue  # another attribute, or a placeholder filled later
+            why = self._module_evidence(sub.value, sub.lineno, depth - 1)
+            if why is not None:
+                return why
+            if self._not_a_module(sub.value) or self._loaded(sub.value):
+                return None
+        return f"`{text}` names a model"
 
     def _named_module(self, name: str, line: int, depth: int) -> str | None:
         """A name's latest binding before `line` in this function (or module) decides;

@@ -10,7 +10,17 @@ from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
 
-_TORCH_LOAD = frozenset({"torch.load"})
+# Loaders that unpickle with `torch.load`, and the position of their `map_location`
+# parameter: the hub's download helpers pass theirs straight to `torch.load`.
+_MAP_LOCATION_AT = {
+    "torch.load": 1,
+    "torch.hub.load_state_dict_from_url": 2,
+    "torch.utils.model_zoo.load_url": 2,
+    "torchvision.models.utils.load_state_dict_from_url": 2,
+    "torchvision._internally_replaced_utils.load_state_dict_from_url": 2,
+}
+_TORCH_LOAD = frozenset(_MAP_LOCATION_AT)
+_URL_LOADS = ("load_state_dict_from_url", "load_url")
 # Words of a file that may run on, or write from, an accelerator. A file with none of
 # them never touches a GPU: what it saves holds CPU tensors.
 _ACCELERATOR = re.compile(r"cuda|device|gpu|accel|\bmps\b|xla|\.to\(", re.IGNORECASE)
@@ -27,7 +37,9 @@ class LoadWithoutMapLocation(Rule):
     """`torch.load()` without `map_location`: fails on a machine without the saving GPU.
 
     ## What it does
-    Finds calls to `torch.load` that do not pass `map_location`.
+    Finds calls to `torch.load` that do not pass `map_location`, and of the hub's
+    download helpers that hand theirs to `torch.load` (`torch.hub.load_state_dict_from_url`,
+    `torch.utils.model_zoo.load_url`, torchvision's re-export).
 
     Loads that cannot hit the problem are left alone: a round trip that
     `torch.save`s to the same file or buffer earlier in the same function (the
@@ -86,7 +98,7 @@ class LoadWithoutMapLocation(Rule):
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
-        if not has_word(ctx.source, "load"):
+        if not any(has_word(ctx.source, w) for w in ("load", *_URL_LOADS)):
             skip_visits(self)  # `x.load(` or an import of torch's `load` names the word
 
     def visit_needles(self) -> tuple[str, ...]:
@@ -94,11 +106,16 @@ class LoadWithoutMapLocation(Rule):
 
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
-        if not node.args or self.ctx.call_name_in(node, _TORCH_LOAD) is None:
+        name = self.ctx.call_name_in(node, _TORCH_LOAD)
+        if name is None:
             return
-        if len(node.args) >= 2 or any(kw.arg in ("map_location", None) for kw in node.keywords):
+        if len(node.args) > _MAP_LOCATION_AT[name] or any(
+            kw.arg in ("map_location", None) for kw in node.keywords
+        ):
             return  # positional map_location, or **kwargs that may carry it
-        source = node.args[0]
+        source = node.args[0] if node.args else _keyword(node, "f", "url")
+        if source is None:
+            return
         if (
             self._in_memory(source)
             or self._saved_here(source)
@@ -117,10 +134,12 @@ class LoadWithoutMapLocation(Rule):
             'add `map_location="cpu"`',
             self.ctx.insert_after(last, ', map_location="cpu"'),
         )
+        last_name = name.rsplit(".", 1)[-1]
         self.report(
             node,
-            "`torch.load` without `map_location` restores tensors onto the device they "
-            "were saved from; it fails on a machine without that GPU",
+            f"`{'torch.load' if name == 'torch.load' else last_name}` without `map_location` "
+            "restores tensors onto the device they were saved from; it fails on a machine "
+            "without that GPU",
             fix=fix,
         )
 
@@ -318,6 +337,10 @@ class LoadWithoutMapLocation(Rule):
             ):
                 return True
         return False
+
+
+def _keyword(call: ast.Call, *names: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg in names), None)
 
 
 def _root_name(node: ast.expr) -> str:

@@ -1,27 +1,26 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
-from dataclasses import dataclass
 from typing import ClassVar
 
-from torchdoctor.check.analysis.file_loops import analysis
-from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.names import is_test_file
-from torchdoctor.check.analysis.syntax import dotted, last_part
-from torchdoctor.check.context import iter_children, walk
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.values import Passed, Wrap
+from torchdoctor.check.analysis.wraps import (
+    FileWraps,
+    Scope,
+    calls_with_parents,
+    guarded,
+    own_statements,
+    parameter_slots,
+)
+from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.rules._file_gate import has_word
 
-_WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel", "DDP"})
-# An `if` that tells wrapped from plain models apart: the code already handles the prefix.
-_GUARD_WORDS = re.compile(r"module|DataParallel|DDP|isinstance|hasattr")
-
-
-@dataclass(frozen=True)
-class Wrap:
-    key: str
-    line: int
-    wrapper: str
+_WRAPPER_WORDS = ("DataParallel", "DDP")
 
 
 class SaveWrappedStateDict(Rule):
@@ -31,7 +30,10 @@ class SaveWrappedStateDict(Rule):
     Finds `model.state_dict()` saved (`torch.save(...)`, directly, inside a dict, or
     through a `save_checkpoint(...)`-style function) where `model` was wrapped in
     `nn.DataParallel` or `DistributedDataParallel` on some path before -- also a
-    `self.model = DDP(...)` used in another method. And the mirror case: a
+    `self.model = DDP(...)` used in another method, a model that a function of the
+    file returns wrapped (`model = load_model()`), and a parameter whose state dict a
+    function saves when a call (in this file or another file of the project) hands it
+    a wrapped model (`save_checkpoint(model, optimizer, path)`). And the mirror case: a
     checkpoint this file saves from the unwrapped model (`model.module.state_dict()`)
     loaded with `load_state_dict` into the wrapped model. Saves inside an `if` that
     tells wrapped and plain models apart (`hasattr(model, "module")`,
@@ -72,25 +74,24 @@ class SaveWrappedStateDict(Rule):
     name = "save-wrapped-state-dict"
     category = "checkpoint"
     severity = Severity.WARNING
-    triggers: ClassVar[tuple[str, ...]] = ("DataParallel", "DDP")
+    # `state_dict`: a file that saves what another file's call hands it wrapped
+    triggers: ClassVar[tuple[str, ...]] = ("DataParallel", "DDP", "state_dict")
 
     def finish(self) -> None:
         if "state_dict" not in self.ctx.source or is_test_file(self.ctx.path):
             return  # tests save wrapped checkpoints on purpose, to test them
-        fl = analysis(self.ctx)
-        class_wraps = self._class_wraps()
+        if not any(w in self.ctx.source for w in _WRAPPER_WORDS) and not any(
+            has_word(self.ctx.source, name) for name in self.ctx.project.wrapped_arguments
+        ):
+            return  # nothing wraps a model here, nor hands one to a function of this file
+        fw = FileWraps(self.ctx)
         plain_saves = re.search(r"\.module\.state_dict\(\)", self.ctx.source)
         loads: list[tuple[ast.Call, str, Wrap]] = []
         saved_wrapped = False
-        for fi in fl.all_functions():
-            if "state_dict" not in fi.text:
+        for scope in fw.scopes:
+            if scope is not self.ctx.tree and "state_dict" not in self.ctx.segment(scope):
                 continue
-            wraps = self._wraps(fi)
-            if fi.cls is not None:
-                wraps.extend(class_wraps.get(fi.cls.name, []))
-            if not wraps:
-                continue
-            for node, parents in _calls_with_parents(fi):
+            for node, parents in calls_with_parents(scope):
                 func = node.func
                 if not isinstance(func, ast.Attribute) or func.attr not in (
                     "state_dict",
@@ -98,18 +99,12 @@ class SaveWrappedStateDict(Rule):
                 ):
                     continue
                 key = dotted(func.value)
-                wrap = self._wrapped_at(fi, wraps, key, node.lineno) if key else None
-                if wrap is None or _guarded(parents):
+                wrap = fw.wrapped_at(scope, key, node.lineno) if key else None
+                if wrap is None or guarded(parents):
                     continue
-                if func.attr == "state_dict" and _saved(fi, node, parents):
+                if func.attr == "state_dict" and _saved(scope, node, parents):
                     saved_wrapped = True
-                    self.report(
-                        node,
-                        f"`{key}.state_dict()` at line {node.lineno} is saved while `{key}` is "
-                        f"wrapped in `{wrap.wrapper}` (line {wrap.line}): every key gets a "
-                        "`module.` prefix and the file no longer loads into the plain model",
-                        hint=f"save `{key}.module.state_dict()`",
-                    )
+                    self._report_saved(node, key or "", f"wrapped in {wrap.describe()}")
                 elif (
                     func.attr == "load_state_dict"
                     and plain_saves
@@ -117,6 +112,7 @@ class SaveWrappedStateDict(Rule):
                     and not wrap.key.startswith("self.")  # which method runs first? unknown
                 ):
                     loads.append((node, wrap.key, wrap))
+        saved_wrapped |= self._saved_parameters(fw)
         if plain_saves is None or saved_wrapped:
             return  # the loaded file may be one this file saved wrapped
         line = self.ctx.line_of_offset(plain_saves.start())
@@ -124,112 +120,73 @@ class SaveWrappedStateDict(Rule):
             self.report(
                 node,
                 f"`{key}.load_state_dict(...)` at line {node.lineno} loads into `{key}`, "
-                f"wrapped in `{wrap.wrapper}` (line {wrap.line}), the checkpoints this file "
+                f"wrapped in {wrap.describe()}, the checkpoints this file "
                 f"saves without the wrapper (line {line}): the keys lack the `module.` "
                 "prefix and do not match",
                 hint=f"load into `{key}.module`",
             )
 
-    def _wraps(self, fi: FunctionInfo) -> list[Wrap]:
-        found = []
-        for stmt in fi.own_statements():
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-                key = dotted(stmt.targets[0])
-                wrapper = self._wrapper(stmt.value)
-                if key and wrapper and not key.startswith("self."):
-                    found.append(Wrap(key, stmt.lineno, wrapper))
-        return found
-
-    def _class_wraps(self) -> dict[str, list[Wrap]]:
-        found: dict[str, list[Wrap]] = {}
-        for name, methods in analysis(self.ctx).methods.items():
-            for method in methods.values():
-                for stmt in method.own_statements():
-                    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-                        key = dotted(stmt.targets[0])
-                        wrapper = self._wrapper(stmt.value)
-                        if key and wrapper and key.startswith("self."):
-                            found.setdefault(name, []).append(Wrap(key, stmt.lineno, wrapper))
-        return found
-
-    def _wrapper(self, value: ast.expr) -> str | None:
-        """`DataParallel` for `nn.DataParallel(model).cuda()` and the like."""
-        while (
-            isinstance(value, ast.Call)
-            and isinstance(value.func, ast.Attribute)
-            and value.func.attr in ("to", "cuda", "cpu", "half", "float")
-        ):
-            value = value.func.value
-        if not isinstance(value, ast.Call):
-            return None
-        name = self.ctx.qualname(value.func) or ""
-        last = last_part(name)
-        if last in _WRAPPERS and (name.startswith("torch.") or last != "DDP" or "DDP" in name):
-            return "DistributedDataParallel" if last == "DDP" else last
-        return None
-
-    def _wrapped_at(self, fi: FunctionInfo, wraps: list[Wrap], key: str, line: int) -> Wrap | None:
-        """The wrap of `key` in effect at `line`, unless `key` was rebound since."""
-        candidates = [
-            w for w in wraps if w.key == key and (w.line < line or key.startswith("self."))
-        ]
-        if not candidates:
-            return None
-        wrap = max(candidates, key=lambda w: w.line)
-        if key.startswith("self."):
-            return wrap
-        for stmt in fi.own_statements():
-            if (
-                wrap.line < stmt.lineno < line
-                and isinstance(stmt, ast.Assign)
-                and (
-                    any(dotted(t) == key for t in stmt.targets)
-                    and self._wrapper(stmt.value) is None
+    def _saved_parameters(self, fw: FileWraps) -> bool:
+        """State dicts of a parameter saved by a function that a call (here, or in another
+        file of the project) hands a wrapped model to."""
+        given: dict[str, dict[str, Passed]] = {}  # function -> parameter -> fact
+        for call, slot, passed in fw.passed():
+            name = call.func.id  # type: ignore[attr-defined]
+            if name in fw.top:
+                given.setdefault(name, {}).setdefault(slot, passed)
+        for name, facts in self.ctx.project.wrapped_arguments.items():
+            func = fw.top.get(name)
+            if func is None:
+                continue
+            slots = parameter_slots(func, False)
+            for slot, passed in facts:
+                if passed.where == self.ctx.path:
+                    continue
+                param = slots[int(slot)] if slot.isdigit() and int(slot) < len(slots) else slot
+                if param in slots:
+                    given.setdefault(name, {}).setdefault(param, passed)
+        reported = False
+        for name, params in given.items():
+            func = fw.top[name]
+            for node, parents in calls_with_parents(func):
+                key = dotted(node.func.value) if isinstance(node.func, ast.Attribute) else None
+                fact = params.get(key or "")
+                if (
+                    fact is None
+                    or node.func.attr != "state_dict"  # type: ignore[attr-defined]
+                    or guarded(parents)
+                    or _rebound(func, key or "", node.lineno)
+                    or not _saved(func, node, parents)
+                ):
+                    continue
+                where = f"{os.path.basename(fact.where)}" if fact.where else ""
+                self._report_saved(
+                    node,
+                    key or "",
+                    f"which `{fact.caller}` passes ({where + ' ' if where else ''}line "
+                    f"{fact.line}) wrapped in {fact.wrap.describe(where)}",
                 )
-            ):
-                return None
-        return wrap
+                reported = True
+        return reported
+
+    def _report_saved(self, node: ast.Call, key: str, how: str) -> None:
+        self.report(
+            node,
+            f"`{key}.state_dict()` at line {node.lineno} is saved while `{key}` may be a "
+            f"model {how}: every key gets a `module.` prefix and the file no longer loads "
+            "into the plain model",
+            hint=f"save `{key}.module.state_dict()`",
+        )
 
 
-def _calls_with_parents(fi: FunctionInfo) -> list[tuple[ast.Call, tuple[ast.AST, ...]]]:
-    out: list[tuple[ast.Call, tuple[ast.AST, ...]]] = []
-    for stmt in fi.body:
-        if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if isinstance(stmt, ast.Call):
-                out.append((stmt, ()))
-            _collect_calls(stmt, (stmt,), out)
-    return out
-
-
-def _collect_calls(
-    node: ast.AST,
-    parents: tuple[ast.AST, ...],
-    out: list[tuple[ast.Call, tuple[ast.AST, ...]]],
-) -> None:
-    # not a closure: one that calls itself is a reference cycle for the cyclic GC
-    for child in iter_children(node):
-        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            continue
-        if isinstance(child, ast.Call):
-            out.append((child, (*parents, node)))
-        _collect_calls(child, (*parents, node), out)
-
-
-def _guarded(parents: tuple[ast.AST, ...]) -> bool:
-    """Inside an `if` that tells wrapped and plain models apart: its test looks at the
-    wrapper (`hasattr(model, "module")`), or its other branch unwraps (`model.module`)."""
-    for i, node in enumerate(parents):
-        if not isinstance(node, ast.If | ast.IfExp):
-            continue
-        if _GUARD_WORDS.search(ast.unparse(node.test)):
-            return True
-        inside = parents[i + 1] if i + 1 < len(parents) else None
-        body = node.body if isinstance(node.body, list) else [node.body]
-        orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
-        other = orelse if any(inside is b for b in body) else body
-        if any(".module" in ast.unparse(b) for b in other):
-            return True
-    return False
+def _rebound(func: Scope, name: str, line: int) -> bool:
+    """The parameter `name` is assigned in `func` before `line`."""
+    return any(
+        isinstance(stmt, ast.Assign)
+        and stmt.lineno < line
+        and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
+        for stmt in own_statements(func)
+    )
 
 
 def _is_save_call(node: ast.AST) -> bool:
@@ -240,7 +197,7 @@ def _is_save_call(node: ast.AST) -> bool:
     return "save" in name.lower()
 
 
-def _saved(fi: FunctionInfo, call: ast.Call, parents: tuple[ast.AST, ...]) -> bool:
+def _saved(fi: Scope, call: ast.Call, parents: tuple[ast.AST, ...]) -> bool:
     """Whether this `state_dict()` reaches a save call (directly, in a dict, via a name)."""
     for node in reversed(parents):
         if _is_save_call(node):
@@ -259,9 +216,9 @@ def _saved(fi: FunctionInfo, call: ast.Call, parents: tuple[ast.AST, ...]) -> bo
     return False
 
 
-def _name_saved(fi: FunctionInfo, name: str, after: int) -> bool:
+def _name_saved(fi: Scope, name: str, after: int) -> bool:
     pattern = re.compile(r"\b" + re.escape(name) + r"\b")
-    for stmt in fi.own_statements():
+    for stmt in own_statements(fi):
         if stmt.lineno < after or isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         for node in walk(stmt):

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from typing import ClassVar
 
 from torchdoctor.check.analysis.scope_index import scoped_calls
@@ -9,6 +10,8 @@ from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder, Unpicklable
 
+# Methods by which a class controls how pickle stores its objects.
+_PICKLE_HOOKS = frozenset({"__getstate__", "__setstate__", "__reduce__", "__reduce_ex__"})
 _MODULE_METHODS = frozenset({"cpu", "to", "cuda", "eval", "train", "half", "float"})
 _PICKLES = frozenset({"pickle.dump", "pickle.dumps", "torch.save", "torch.serialization.save"})
 _PICKLE_NAMES = frozenset(name.rsplit(".", 1)[-1] for name in _PICKLES)
@@ -30,6 +33,10 @@ class UnpicklableModuleAttribute(Rule):
     (`self.act = lambda x: x * 2`), and lambdas or local functions given to such a class's
     constructor when the class stores that argument on `self`
     (`Lambda(lambda x: x.view(-1))` with `self.fn = fn`).
+
+    The same in a file that writes pickling hooks (`__getstate__`, `__setstate__`,
+    `__reduce__`) for one class of a family: its other classes that share a base of the
+    project (and define no hook of their own) are pickled too.
 
     Files that pickle no whole module are left alone: a lambda on a module whose
     `state_dict()` is saved is harmless.
@@ -80,14 +87,21 @@ class UnpicklableModuleAttribute(Rule):
 
     def finish(self) -> None:
         saved = self._pickled_module()
-        if saved is None:
+        families = self._pickled_families()
+        if saved is None and not families:
             return
-        classes = [
-            c
-            for c in walk(self.ctx.tree)
-            if isinstance(c, ast.ClassDef) and self.ctx.is_module_class(c)
-        ]
-        for cls in classes:
+        for cls in walk(self.ctx.tree):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            if saved is not None and self.ctx.is_module_class(cls):
+                why = (
+                    f"`{self.ctx.segment(saved.func)}` at line {saved.lineno} pickles the "
+                    "whole module"
+                )
+            elif cls.name in families:
+                why = families[cls.name]
+            else:
+                continue
             stored_params: dict[str, str] = {}  # constructor parameter -> attribute
             for method in cls.body:
                 if not isinstance(method, ast.FunctionDef):
@@ -102,7 +116,7 @@ class UnpicklableModuleAttribute(Rule):
                     if attr is None:
                         continue
                     for u in finder.find(node.value, node.lineno):
-                        self._report(u, f"`self.{attr}` of `{cls.name}`", saved)
+                        self._report(u, f"`self.{attr}` of `{cls.name}`", why)
                     if (
                         method.name == "__init__"
                         and isinstance(node.value, ast.Name)
@@ -110,11 +124,39 @@ class UnpicklableModuleAttribute(Rule):
                     ):
                         stored_params[node.value.id] = attr
             if stored_params:
-                self._constructor_arguments(cls, stored_params, saved)
+                self._constructor_arguments(cls, stored_params, why)
 
-    def _constructor_arguments(
-        self, cls: ast.ClassDef, stored: dict[str, str], saved: ast.Call
-    ) -> None:
+    def _pickled_families(self) -> dict[str, str]:
+        """Classes of this file whose objects the file shows are pickled: a class that
+        shares a base of the project with one defining `__getstate__`/`__setstate__`
+        (the file writes pickling hooks for that family), but defines none itself
+        (its own hook may drop what pickle cannot store). Class name -> why."""
+        if "state__" not in self.ctx.source and "__reduce" not in self.ctx.source:
+            return {}
+        classes = [c for c in self.ctx.tree.body if isinstance(c, ast.ClassDef)]
+        hooked: dict[str, tuple[str, int]] = {}  # class -> (hook, line)
+        for cls in classes:
+            for item in cls.body:
+                if isinstance(item, ast.FunctionDef) and item.name in _PICKLE_HOOKS:
+                    hooked.setdefault(cls.name, (item.name, item.lineno))
+        found: dict[str, str] = {}
+        for hook_cls in classes:
+            if hook_cls.name not in hooked:
+                continue
+            bases = _project_bases(hook_cls, self.ctx.qualname)
+            hook, line = hooked[hook_cls.name]
+            for cls in classes:
+                if cls.name in hooked or cls.name in found:
+                    continue
+                shared = bases & _project_bases(cls, self.ctx.qualname)
+                if shared:
+                    found[cls.name] = (
+                        f"`{hook_cls.name}.{hook}` at line {line} shows that this file's "
+                        f"`{sorted(shared)[0]}` objects are pickled"
+                    )
+        return found
+
+    def _constructor_arguments(self, cls: ast.ClassDef, stored: dict[str, str], why: str) -> None:
         """Lambdas given to `cls(...)` for a parameter that `__init__` stores on self."""
         init = next(m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__")
         positional = [a.arg for a in init.args.args[1:]]
@@ -126,7 +168,7 @@ class UnpicklableModuleAttribute(Rule):
             given.update({k.arg: k.value for k in call.keywords if k.arg})
             for param, attr in stored.items():
                 for u in finder.find(given.get(param), call.lineno, depth=1):
-                    self._report(u, f"`self.{attr}` of `{cls.name}`", saved)
+                    self._report(u, f"`self.{attr}` of `{cls.name}`", why)
 
     def _pickled_module(self) -> ast.Call | None:
         """A call in this file that pickles a whole module, if any."""
@@ -174,15 +216,24 @@ class UnpicklableModuleAttribute(Rule):
             return False
         return name.startswith("torch.nn.") or self.ctx.project.is_module_class_name(name)
 
-    def _report(self, u: Unpicklable, where: str, saved: ast.Call) -> None:
+    def _report(self, u: Unpicklable, where: str, why: str) -> None:
         self.report(
             u.node,
-            f"{u.what} stored as {where}, and `{self.ctx.segment(saved.func)}` at line "
-            f"{saved.lineno} pickles the whole module: pickle cannot store it "
+            f"{u.what} stored as {where}, and {why}: pickle cannot store it "
             "(`Can't pickle local object`)",
             hint="use a module (`nn.ReLU()`), a method or a module-level function; or save "
             "`state_dict()`",
         )
+
+
+def _project_bases(cls: ast.ClassDef, qualname: Callable[[ast.expr], str | None]) -> set[str]:
+    """The bases of `cls` that are classes of the project (not torch's, not `object`)."""
+    found: set[str] = set()
+    for base in cls.bases:
+        name = qualname(base) or ""
+        if name and name != "object" and not name.startswith(("torch.", "typing.", "abc.")):
+            found.add(name)
+    return found
 
 
 def _self_attribute(target: ast.expr) -> str | None:

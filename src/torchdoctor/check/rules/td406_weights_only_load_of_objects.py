@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,6 +23,7 @@ class _Save:
     call: ast.Call
     scope: ast.AST  # the function (or module) the save is in
     path: str  # the text of the file argument
+    path_node: ast.expr
     whole: str | None  # what non-tensor object the whole saved value is, if one
     keys: dict[str, str]  # dict key -> what non-tensor object its value is
 
@@ -33,11 +36,15 @@ class WeightsOnlyLoadOfObjects(Rule):
     `torch.save` holding objects other than tensors, numbers, strings and plain
     containers: a whole module, a NumPy array, an `argparse.Namespace` (`args` from
     `parse_args()`), an instance of a class of the project. The save and the load are
-    matched by the file expression (`torch.save(x, path)` ... `torch.load(path)`) or by
+    matched by the file expression (`torch.save(x, path)` ... `torch.load(path)`; a
+    formatted name read back matches the literal names it can be: `cache / f"{split}_ds"`
+    reads what `cache / "train_ds"` wrote) or by
     the keys the loaded dict is read with (`ckpt["args"]` where a saved dict has
-    `"args": args`). Quiet when the file registers safe globals
-    (`add_safe_globals`, `safe_globals`) or the configured `target-version` is older
-    than torch 2.6.
+    `"args": args`), or, in two methods of one class, by paths from the same method
+    (`path = self._file(key)`). A saved `obj: T` of a generic class holds what the
+    project builds that class with (`Store[Record](...)`, a class of the project).
+    Quiet when the file registers safe globals (`add_safe_globals`, `safe_globals`) or
+    the configured `target-version` is older than torch 2.6.
 
     ## Why is this bad?
     Since torch 2.6 `torch.load` defaults to `weights_only=True`, which unpickles only
@@ -81,7 +88,7 @@ class WeightsOnlyLoadOfObjects(Rule):
         if "safe_globals" in source or "save(" not in source or "load(" not in source:
             return  # a safe-globals registry, or not both a save and a load to match
         # every (scope, file expression) `torch.save` writes to, with the line
-        self.written: list[tuple[ast.AST, str, int]] = []
+        self.written: list[tuple[ast.AST, str, int, ast.expr]] = []
         saves: list[_Save] = []
         loads: list[tuple[ast.Call, ast.AST]] = []
         for scope in walk(self.ctx.tree):
@@ -94,7 +101,7 @@ class WeightsOnlyLoadOfObjects(Rule):
                 if name in _SAVES:
                     path = node.args[1] if len(node.args) > 1 else _keyword(node, "f")
                     if path is not None:
-                        self.written.append((scope, self.ctx.segment(path), node.lineno))
+                        self.written.append((scope, self.ctx.segment(path), node.lineno, path))
                     save = self._save(node, scope)
                     if save is not None:
                         saves.append(save)
@@ -130,7 +137,7 @@ class WeightsOnlyLoadOfObjects(Rule):
             whole = self._object(obj, scope, call.lineno)
         if whole is None:
             return None
-        return _Save(call, scope, self.ctx.segment(path), whole, keys)
+        return _Save(call, scope, self.ctx.segment(path), path, whole, keys)
 
     def _object(self, value: ast.expr, scope: ast.AST, line: int, depth: int = 2) -> str | None:
         """What non-tensor object `value` is ("an `argparse.Namespace`", ...), if known."""
@@ -159,6 +166,9 @@ class WeightsOnlyLoadOfObjects(Rule):
             bound = Finder(self.ctx, scope).binding(value.id, line)
             if bound is not None:
                 return self._object(bound, scope, line, depth - 1)
+            generic = self._type_argument(value.id, scope)
+            if generic is not None:
+                return generic
             if scope is not self.ctx.tree and _MODEL_NAME.fullmatch(value.id):
                 params = getattr(scope, "args", None)
                 if params is not None and any(a.arg == value.id for a in params.args):
@@ -171,6 +181,33 @@ class WeightsOnlyLoadOfObjects(Rule):
         ):
             cls = _enclosing_class(self.ctx.tree, scope)
             return self._attribute_object(cls, value.attr) if cls is not None else None
+        return None
+
+    def _type_argument(self, name: str, scope: ast.AST) -> str | None:
+        """A parameter annotated with a type variable of its generic class (`obj: T` in
+        `class Store(Base[T])`), where the project builds that class with one of its own
+        classes as the argument (`Store[Record](...)`)."""
+        params = getattr(scope, "args", None)
+        arg = next((a for a in params.args if a.arg == name), None) if params else None
+        if arg is None or not isinstance(arg.annotation, ast.Name):
+            return None
+        var = arg.annotation.id
+        if not _is_type_var(self.ctx.tree, var, self.ctx.qualname):
+            return None
+        cls = _enclosing_class(self.ctx.tree, scope)
+        if cls is None or not any(
+            isinstance(base, ast.Subscript)
+            and any(isinstance(n, ast.Name) and n.id == var for n in ast.walk(base.slice))
+            for base in cls.bases
+        ):
+            return None
+        for argument, path, line in self.ctx.project.generic_arguments.get(cls.name, ()):
+            short = argument.rsplit(".", 1)[-1]
+            where = os.path.basename(path)
+            return (
+                f"a `{short}` object (`{name}: {var}`, and {where} line {line} builds "
+                f"`{cls.name}[{short}]`)"
+            )
         return None
 
     def _is_class_of_file(self, name: str) -> bool:
@@ -241,11 +278,20 @@ class WeightsOnlyLoadOfObjects(Rule):
         # A local name of another function is another file (`path` parameters, `b`
         # buffers); those loads are matched by the keys they read only.
         local = isinstance(source, ast.Name) and scope is not self.ctx.tree
-        for save in saves:
-            if save.path == text and not local:
-                self._report(load, save, save.whole or "", f"to `{text}`")
+        maker = self._path_method(source, scope, load.lineno) if local else None
+        for save in saves if maker else ():
+            if self._path_method(
+                save.path_node, save.scope, save.call.lineno
+            ) == maker and _enclosing_class(self.ctx.tree, save.scope) is _enclosing_class(
+                self.ctx.tree, scope
+            ):
+                self._report(load, save, save.whole or "", f"to a path from `self.{maker}(...)`")
                 return
-        if any(w[1] == text for w in self.written) and not local:
+        for save in saves:
+            if not local and _same_file(save.path_node, source):
+                self._report(load, save, save.whole or "", f"to `{save.path}`")
+                return
+        if any(_same_file(w[3], source) for w in self.written) and not local:
             return  # written here with plain data only
         read = self._keys_read(load, scope)
         for save in saves:
@@ -255,6 +301,21 @@ class WeightsOnlyLoadOfObjects(Rule):
                 if key in save.keys:
                     self._report(load, save, save.keys[key], f"with the key `{key!r}`")
                     return
+
+    def _path_method(self, path: ast.expr, scope: ast.AST, line: int) -> str | None:
+        """`_get_path` for a local name bound to `self._get_path(...)`: two methods of a
+        class that take their file paths from the same method of it use one store."""
+        if not isinstance(path, ast.Name) or scope is self.ctx.tree:
+            return None
+        bound = Finder(self.ctx, scope).binding(path.id, line)
+        if (
+            isinstance(bound, ast.Call)
+            and isinstance(bound.func, ast.Attribute)
+            and isinstance(bound.func.value, ast.Name)
+            and bound.func.value.id == "self"
+        ):
+            return bound.func.attr
+        return None
 
     def _keys_read(self, load: ast.Call, scope: ast.AST) -> list[str]:
         """The string keys the loaded value is read with (`state["args"]`)."""
@@ -289,11 +350,51 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
 
 
+def _is_type_var(tree: ast.Module, name: str, qualname: Callable[[ast.expr], str | None]) -> bool:
+    """`name = TypeVar("name")` at module level."""
+    return any(
+        isinstance(stmt, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
+        and isinstance(stmt.value, ast.Call)
+        and (qualname(stmt.value.func) or "").rsplit(".", 1)[-1] == "TypeVar"
+        for stmt in tree.body
+    )
+
+
 def _enclosing_class(tree: ast.Module, scope: ast.AST) -> ast.ClassDef | None:
     for node in walk(tree):
         if isinstance(node, ast.ClassDef) and any(m is scope for m in node.body):
             return node
     return None
+
+
+def _same_file(saved: ast.AST, loaded: ast.AST) -> bool:
+    """The two file expressions name the same file: written alike, where a formatted
+    name read back may stand for a literal one written (`cache / f"{tag}_data"` reads
+    what `cache / "train_data"` wrote)."""
+    if isinstance(loaded, ast.JoinedStr) and isinstance(saved, ast.Constant):
+        return isinstance(saved.value, str) and _template(loaded).fullmatch(saved.value) is not None
+    if type(saved) is not type(loaded):
+        return False
+    if isinstance(saved, ast.Constant):  # (not ast.dump: its recursive closure is a cycle)
+        value = loaded.value  # type: ignore[attr-defined]
+        return type(saved.value) is type(value) and saved.value == value
+    for (_, a), (_, b) in zip(ast.iter_fields(saved), ast.iter_fields(loaded), strict=True):
+        if isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b) or not all(map(_same_file, a, b)):
+                return False
+        elif isinstance(a, ast.AST) and isinstance(b, ast.AST):
+            if not _same_file(a, b):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def _template(text: ast.JoinedStr) -> re.Pattern[str]:
+    """The names an f-string can give: its literal parts, anything for each field."""
+    parts = [re.escape(str(v.value)) if isinstance(v, ast.Constant) else ".+" for v in text.values]
+    return re.compile("".join(parts), re.DOTALL)
 
 
 def _literal(text: str) -> bool:

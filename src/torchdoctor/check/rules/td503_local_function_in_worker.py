@@ -16,7 +16,9 @@ class LocalFunctionInWorker(Rule):
     """A lambda or local function in what DataLoader workers must unpickle.
 
     ## What it does
-    Finds a `DataLoader` with `num_workers > 0` (a number, or a name bound to one) whose
+    Finds a `DataLoader` with `num_workers > 0` (a number, a name or `self` attribute
+    bound to one, or the default of the parameter it comes from) -- also the
+    `super().__init__(...)` of a `DataLoader` subclass -- whose
     `collate_fn`, `worker_init_fn` or dataset holds a lambda or a function defined inside
     another function: passed straight in, through the dataset's constructor arguments
     (`transform=transforms.Lambda(lambda x: ...)`, `Compose([...])`), through a name
@@ -74,7 +76,7 @@ class LocalFunctionInWorker(Rule):
                 continue
             finder: Finder | None = None
             for node in own_calls(self.ctx, scope):
-                if not self._is_loader(node) or not self._has_workers(node, scope):
+                if not self._is_loader(node, scope) or not self._has_workers(node, scope):
                     continue
                 finder = finder or Finder(self.ctx, scope)
                 for unpicklable, role in self._held(node, finder):
@@ -92,17 +94,50 @@ class LocalFunctionInWorker(Rule):
                 return True
         return False
 
-    def _is_loader(self, call: ast.Call) -> bool:
+    def _is_loader(self, call: ast.Call, scope: ast.AST) -> bool:
         name = self.ctx.qualname(call.func) or ""
-        if name not in _LOADERS and name != "DataLoader":
+        if name not in _LOADERS and name != "DataLoader" and not self._builds_base(call, scope):
             return False
         context = _keyword(call, "multiprocessing_context")
         return not (isinstance(context, ast.Constant) and context.value in _FORK)
 
+    def _builds_base(self, call: ast.Call, scope: ast.AST) -> bool:
+        """`super().__init__(...)` in the `__init__` of a DataLoader subclass: the
+        loader this object is."""
+        func = call.func
+        if not (
+            isinstance(func, ast.Attribute)
+            and func.attr == "__init__"
+            and isinstance(func.value, ast.Call)
+            and isinstance(func.value.func, ast.Name)
+            and func.value.func.id == "super"
+            and getattr(scope, "name", "") == "__init__"
+        ):
+            return False
+        cls = next(
+            (
+                c
+                for c in walk(self.ctx.tree)
+                if isinstance(c, ast.ClassDef) and any(m is scope for m in c.body)
+            ),
+            None,
+        )
+        return cls is not None and any(
+            (self.ctx.qualname(base) or "") in _LOADERS for base in cls.bases
+        )
+
     def _has_workers(self, call: ast.Call, scope: ast.AST) -> bool:
+        """`num_workers` is a positive number: written there, bound to one (also on
+        `self` in this function), or the default of the parameter it comes from (the
+        default call has workers)."""
         value = _keyword(call, "num_workers")
-        if isinstance(value, ast.Name):
-            value = Finder(self.ctx, scope).binding(value.id, call.lineno)
+        finder = Finder(self.ctx, scope)
+        for _ in range(3):
+            name = _bound_name(value)
+            if name is None:
+                break
+            bound = finder.binding(name, call.lineno)
+            value = bound if bound is not None else finder.default(name)
         return (
             isinstance(value, ast.Constant)
             and isinstance(value.value, int)
@@ -164,6 +199,19 @@ class LocalFunctionInWorker(Rule):
             "(`Can't pickle local object`)",
             hint="use a function defined at module level (or `functools.partial` of one)",
         )
+
+
+def _bound_name(value: ast.expr | None) -> str | None:
+    """`n` for a name `n`, `self.n` for an attribute of self."""
+    if isinstance(value, ast.Name):
+        return value.id
+    if (
+        isinstance(value, ast.Attribute)
+        and isinstance(value.value, ast.Name)
+        and value.value.id == "self"
+    ):
+        return f"self.{value.attr}"
+    return None
 
 
 def _keyword(call: ast.Call, name: str) -> ast.expr | None:

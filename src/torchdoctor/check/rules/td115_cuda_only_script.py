@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from torchdoctor.check.rule import Severity
+from torchdoctor.check.rules.td101_hardcoded_cuda import HardcodedCuda
+
+
+class CudaOnlyScript(HardcodedCuda):
+    """(advice) A script hard-wired to CUDA: it cannot run, or be smoke-tested, without a GPU.
+
+    ## What it does
+    Finds the same unconditional `.cuda()` calls and `"cuda"` devices as TD101
+    (with the same exemptions: guards, defaults, GPU-only files and blocks), in
+    code that shows no other device: a script or helper that is not model code,
+    has no device of its own to follow, and never asks
+    `torch.cuda.is_available()`. Such a script was written for a GPU machine,
+    so this is a portability note, off by default (`--extend-select advice` or
+    `--extend-select TD115`). Where the code does show another device, TD101
+    reports it as a bug.
+
+    ## Why is this bad?
+    On a laptop, an Apple-silicon Mac or a CPU CI runner the first such line
+    fails with `AssertionError: Torch not compiled with CUDA enabled`, so
+    nobody can try the script, or test it, without renting a GPU, and it cannot
+    use MPS or XPU devices.
+
+    ## Example
+    ```python
+    model = Net().cuda()
+    for images, labels in loader:
+        images, labels = images.cuda(), labels.cuda()
+    ```
+
+    ## Use instead
+    ```python
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = Net().to(device)
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+    ```
+    or `device = td.pick_device()`, which also picks MPS/XPU and honours
+    `LOCAL_RANK` under torchrun.
+
+    ## References
+    - https://pytorch.org/docs/stable/notes/cuda.html#best-practices
+    """
+
+    code = "TD115"
+    name = "cuda-only-script"
+    group = "advice"
+    severity = Severity.WARNING
+
+    def reports(self, reason: str | None) -> bool:
+        return reason is None
