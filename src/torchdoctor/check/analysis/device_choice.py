@@ -121,6 +121,7 @@ def _meets_input(
     statement = next((n for n in reversed(stack) if isinstance(n, ast.stmt)), None)
     if not params or statement is None or statement is function:
         return None
+    uses: list[ast.AST]
     if isinstance(statement, ast.Assign):
         made = {t.id for t in statement.targets if isinstance(t, ast.Name)}
         uses = [
