@@ -83,6 +83,9 @@ class ProjectIndex:
     # Where a file of the project starts an NCCL process group ("path:line"), if one does
     # (analysis/project_facts.nccl_start; TD113 asks).
     nccl_start: str | None = None
+    # Extension modules the project builds with `CUDAExtension(...)` (its setup.py):
+    # code importing one runs only with a GPU (analysis/project_facts.cuda_extensions).
+    cuda_extensions: frozenset[str] = frozenset()
     # Function name -> (parameter position or keyword, fact) for calls in the project
     # that hand it a model wrapped in DataParallel/DDP on some path (analysis/wraps.py;
     # TD404 asks in the file that defines the function).
@@ -127,6 +130,8 @@ class ProjectIndex:
             text += "\nmoving:" + ",".join(sorted(self.moving_classes))
         if self.nccl_start:
             text += "\nnccl:" + self.nccl_start
+        if self.cuda_extensions:
+            text += "\ncuda-extensions:" + ",".join(sorted(self.cuda_extensions))
         if self.batchnorm_classes:
             text += "\nbatchnorm:" + ",".join(sorted(self.batchnorm_classes))
         if self.generic_arguments:

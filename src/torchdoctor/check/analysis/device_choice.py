@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.names import is_test_file
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ class DeviceChoice:
         script that simply runs on a GPU."""
         function = next((n for n in reversed(stack) if isinstance(n, _FUNCTIONS)), None)
         cls = next((n for n in reversed(stack) if isinstance(n, ast.ClassDef)), None)
-        if cls is not None and self.ctx.is_module_class(cls):
+        # judged by the class's own bases: a same-named module elsewhere does not count
+        if cls is not None and file_flow(self.ctx).is_module_class(cls):
             return (
                 f"`{cls.name}` is a torch module: its code runs on whatever device "
                 "its user moves it to"

@@ -102,6 +102,10 @@ class FileIndex:
         """Every function and method of the file, in source order of their headers."""
         return self._functions
 
+    def every_class(self) -> list[ast.ClassDef]:
+        """Every class of the file, nested ones too, in source order of their headers."""
+        return list(self._methods)
+
     def class_of(self, func: AnyFunction) -> ast.ClassDef | None:
         """The class `func` is a method of (directly in its body), or None."""
         return self._class_of.get(func)
@@ -138,7 +142,7 @@ class FileIndex:
                 if not params:
                     continue
                 prefix = params[0].arg + "."
-                for key in module_receivers(method):
+                for key in module_receivers(method, self.ctx):
                     if key.startswith(prefix):
                         names.add(key[len(prefix) :].split(".", 1)[0])
             found = frozenset(names)

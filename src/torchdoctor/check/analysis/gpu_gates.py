@@ -103,12 +103,15 @@ def runs_only_with_gpu(ctx: FileContext) -> bool:
     )
 
 
-def imports_cuda_only_package(tree: ast.Module) -> bool:
-    """A top-level, unconditional import of a package that only runs on NVIDIA GPUs."""
+def imports_cuda_only_package(tree: ast.Module, extensions: frozenset[str] = frozenset()) -> bool:
+    """A top-level, unconditional import of a package that only runs on NVIDIA GPUs, or
+    of one of the project's own CUDA `extensions` (built by its setup.py)."""
     statements: list[ast.stmt] = []
     for stmt in tree.body:
         statements.extend(stmt.body if isinstance(stmt, ast.Try) and all_reraise(stmt) else [stmt])
     for stmt in statements:
+        if extensions and _imports_extension(stmt, extensions):
+            return True
         if isinstance(stmt, ast.Import):
             names = [alias.name for alias in stmt.names]
         elif isinstance(stmt, ast.ImportFrom) and not stmt.level:
@@ -126,6 +129,20 @@ def imports_cuda_only_package(tree: ast.Module) -> bool:
         if any(name.split(".", 1)[0] in _CUDA_ONLY_PACKAGES for name in names):
             return True
     return _imports_cuda_only_package_lazily(tree)
+
+
+def _imports_extension(stmt: ast.stmt, extensions: frozenset[str]) -> bool:
+    """`import pkg._ext`, `from pkg import _ext`, `from . import _ext`: a module the
+    project builds (by its dotted name; a relative import by its last name)."""
+    if isinstance(stmt, ast.Import):
+        return any(alias.name in extensions for alias in stmt.names)
+    if not isinstance(stmt, ast.ImportFrom):
+        return False
+    base = stmt.module or ""
+    modules = [base, *(f"{base}.{alias.name}" if base else alias.name for alias in stmt.names)]
+    if stmt.level:  # relative: the package's own name is not written
+        return any(m.rsplit(".", 1)[-1] in extensions for m in modules if m)
+    return any(m in extensions for m in modules)
 
 
 def _imports_cuda_only_package_lazily(tree: ast.Module) -> bool:

@@ -202,6 +202,18 @@ def nccl_start(path: str, source: str) -> str | None:
     return f"{path}:{len(_LINE_END.findall(source, 0, match.start())) + 1}"
 
 
+# `CUDAExtension("pkg._ext", [...])` or `CUDAExtension(name="ops", ...)` in a setup.py
+_CUDA_EXTENSION = re.compile(r"CUDAExtension\(\s*(?:name\s*=\s*)?[\"']([\w.]+)[\"']")
+
+
+def cuda_extensions(source: str) -> set[str]:
+    """The extension modules `source` builds with torch's `CUDAExtension` (dotted names;
+    a relative import matches the last part)."""
+    if "CUDAExtension(" not in source:
+        return set()
+    return set(_CUDA_EXTENSION.findall(source))
+
+
 def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     """Index `sources`: texts, or (path, text) pairs (paths name files in messages)."""
     index = ProjectIndex()
@@ -209,6 +221,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     wrapping: list[tuple[str, str]] = []  # files that may hand a wrapped model on
     generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`
     moving: set[str] = set()
+    extensions: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
     count = 0
@@ -220,6 +233,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             definitions[name] = definitions.get(name, 0) + 1
         moving |= moving_classes(source)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
+        extensions |= cuda_extensions(source)
         for name, facts in class_builds(source).items():
             classes.setdefault(name, []).append(facts)
         count += 1
@@ -230,6 +244,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         if _GENERIC_BUILD.search(source):
             generic.append((path, source))
     index.moving_classes = frozenset(moving)
+    index.cuda_extensions = frozenset(extensions)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
     index.resolve()
     if candidates and count > 1:  # a lone file sees its own calls directly

@@ -124,7 +124,7 @@ class ScopeCore:
             cache: dict[int, frozenset[str]] = self.ctx.shared("module_receivers", lambda _: {})
             found = cache.get(id(self.node))
             if found is None:
-                found = cache[id(self.node)] = module_receivers(self.node)
+                found = cache[id(self.node)] = module_receivers(self.node, self.ctx)
             self._module_receivers = found
         if key in self._module_receivers:
             return True

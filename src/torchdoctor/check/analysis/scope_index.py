@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from torchdoctor.check.context import FileContext, child_fields, iter_children, walk
+from torchdoctor.check.context import FileContext, child_fields, iter_children
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -24,6 +24,7 @@ def _own_nodes_of_every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
     (each scope's nodes in the order a walk of that scope alone would give)."""
     table = child_fields(want_operators=False)
     found: dict[int, list[ast.AST]] = {id(ctx.tree): []}
+    scopes: list[ast.AST] = ctx.shared("scope_index.scopes", _no_scopes)
     todo: list[tuple[ast.AST, list[ast.AST]]] = [
         (child, found[id(ctx.tree)]) for child in iter_children(ctx.tree, operators=False)
     ]
@@ -32,6 +33,7 @@ def _own_nodes_of_every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
         owner.append(node)
         if isinstance(node, _SCOPES):
             owner = found[id(node)] = []
+            scopes.append(node)
         fields = table.get(node.__class__)
         if fields is None:
             todo.extend((c, owner) for c in iter_children(node, operators=False))
@@ -45,6 +47,10 @@ def _own_nodes_of_every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
     return found
 
 
+def _no_scopes(_: FileContext) -> list[ast.AST]:
+    return []  # filled by _own_nodes_of_every_scope: every scope below the module
+
+
 def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
     """The calls of `scope` itself (see `own_nodes`)."""
     return [n for n in own_nodes(ctx, scope) if isinstance(n, ast.Call)]
@@ -55,12 +61,11 @@ def scoped_calls(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
     it is written in (one pass per file, shared by the rules that ask)."""
 
     def build(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
-        return [
-            (scope, call)
-            for scope in walk(ctx.tree)
-            if isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef)
-            for call in own_calls(ctx, scope)
-        ]
+        own_nodes(ctx, ctx.tree)  # the one pass that finds every scope
+        scopes = ctx.shared("scope_index.scopes", _no_scopes)
+        functions = [s for s in scopes if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)]
+        functions.sort(key=lambda f: (f.lineno, f.col_offset))  # source order, as a walk
+        return [(scope, call) for scope in [ctx.tree, *functions] for call in own_calls(ctx, scope)]
 
     return ctx.shared("scope_index.scoped_calls", build)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -181,9 +182,13 @@ def _local_names(func: AnyFunction) -> frozenset[str]:
     return frozenset(names - declared_global)
 
 
-def module_receivers(scope: ast.AST) -> frozenset[str]:
+def module_receivers(scope: ast.AST, ctx: FileContext | None = None) -> frozenset[str]:
     """Names (`model`, `self.net`) that the scope calls a method only an nn.Module has
-    on (`model.eval()`, `net.parameters()`); nested defs and classes are not looked in."""
+    on (`model.eval()`, `net.parameters()`); nested defs and classes are not looked in.
+
+    With `ctx`, a scope whose lines name none of those methods is not walked."""
+    if ctx is not None and not _names_module_method(ctx, scope):
+        return frozenset()
     found: set[str] = set()
     todo: list[ast.AST] = list(getattr(scope, "body", ()))
     while todo:
@@ -200,6 +205,18 @@ def module_receivers(scope: ast.AST) -> frozenset[str]:
                 found.add(key)
         todo.extend(iter_children(node))
     return frozenset(found)
+
+
+def _names_module_method(ctx: FileContext, scope: ast.AST) -> bool:
+    """Whether a line of `scope` holds the name of a module-only method (the attribute
+    of such a call is on one of the scope's lines, whatever the spacing)."""
+    lines: list[int] = ctx.shared(
+        "module_method_lines", lambda c: c.lines_holding(MODULE_ONLY_METHODS)
+    )
+    first = getattr(scope, "lineno", 1)
+    last = getattr(scope, "end_lineno", None) or len(ctx.lines)
+    at = bisect.bisect_left(lines, first)
+    return at < len(lines) and lines[at] <= last
 
 
 def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern[str]) -> list[int]:

@@ -103,7 +103,8 @@ class HardcodedCuda(Rule):
       `with pytest.raises(...)` block;
     - in files, functions and classes named for the GPU (`test_cuda.py`,
       `def to_gpu`, `class CUDAGraphRunner`), in benchmark files, in files that
-      import a GPU-only package (`triton`, `apex`, `transformer_engine`, ...), in
+      import a GPU-only package (`triton`, `apex`, `transformer_engine`, ...) or
+      a CUDA extension the project's setup.py builds (`CUDAExtension(...)`), in
       functions taking a GPU parameter (`def move(batch, gpu_id)`), in blocks
       that also call CUDA-only APIs (`torch.cuda.synchronize()`,
       `torch.cuda.set_device()`, `torch.cuda.Event()`, or a function of the file
@@ -159,7 +160,7 @@ class HardcodedCuda(Rule):
         self._file_is_cuda_only = bool(
             _CUDA_NAME.search(path)
             or _BENCHMARK_PATH.search(path)
-            or imports_cuda_only_package(ctx.tree)
+            or imports_cuda_only_package(ctx.tree, ctx.project.cuda_extensions)
         )
         self._cuda_only_blocks: dict[int, bool] = {}
         self._gated: bool | None = None

@@ -103,7 +103,7 @@ class FactoryWithoutDevice(Rule):
                 continue  # a CPU-only script running its own model: it never meets a GPU
             if func not in ff.reached_methods(cls, forward):
                 continue
-            if not ff.mentions(func, "torch.", *FACTORIES, *LEGACY_CONSTRUCTORS):
+            if not ff.mentions(func, *FACTORIES, *LEGACY_CONSTRUCTORS):
                 makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
                     f"self.{m.name}("
                     for m in ff.methods(cls).values()

@@ -18,30 +18,26 @@ class CudaOnlyScript(HardcodedCuda):
     reports it as a bug.
 
     ## Why is this bad?
-    On a laptop, an Apple-silicon Mac or a CPU CI runner the first such line
-    fails with `AssertionError: Torch not compiled with CUDA enabled`, so
-    nobody can try the script, or test it, without renting a GPU, and it cannot
-    use MPS or XPU devices.
+    Nobody can try the script, or run its tests, on a laptop, an Apple-silicon
+    Mac or a CPU CI runner: the first such line stops it with `AssertionError:
+    Torch not compiled with CUDA enabled`. A small smoke run on the CPU before
+    renting a GPU is exactly what it rules out.
 
     ## Example
     ```python
-    model = Net().cuda()
-    for images, labels in loader:
-        images, labels = images.cuda(), labels.cuda()
+    net = Generator().cuda()
+    noise = torch.randn(64, 100).cuda()
     ```
 
     ## Use instead
     ```python
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = Net().to(device)
-    for images, labels in loader:
-        images, labels = images.to(device), labels.to(device)
+    device = td.pick_device()  # CUDA, MPS or XPU when present, else the CPU
+    net = Generator().to(device)
+    noise = torch.randn(64, 100, device=device)
     ```
-    or `device = td.pick_device()`, which also picks MPS/XPU and honours
-    `LOCAL_RANK` under torchrun.
 
     ## References
-    - https://pytorch.org/docs/stable/notes/cuda.html#best-practices
+    - https://pytorch.org/docs/stable/notes/cuda.html#device-agnostic-code
     """
 
     code = "TD115"

@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_item_context
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
@@ -114,8 +115,8 @@ class InplaceOnSavedTensor(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("self.",)
 
     def finish(self) -> None:
-        for cls in walk(self.ctx.tree):
-            if not isinstance(cls, ast.ClassDef) or not self.ctx.is_module_class(cls):
+        for cls in file_flow(self.ctx).every_class():
+            if not self.ctx.is_module_class(cls):
                 continue
             if not _INPLACE_TEXT.search(self.ctx.segment(cls)):
                 continue  # cheap first: no in-place write in the class's text
