@@ -68,6 +68,10 @@ class FileIndex:
         self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
         self._module_attrs: dict[ast.ClassDef, frozenset[str]] = {}
         self._init_helpers: dict[ast.ClassDef, frozenset[str]] = {}
+        self._inherited: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
+        self._reached_from: dict[
+            tuple[ast.ClassDef, AnyFunction], dict[AnyFunction, AnyFunction | None]
+        ] = {}
 
     # -- index -------------------------------------------------------------------------
     def _index(self, body: list[ast.stmt], cls: ast.ClassDef | None, *, top: bool) -> None:
@@ -97,6 +101,9 @@ class FileIndex:
         self._class_uses.clear()
         self._self_attrs_assigned.clear()
         self._module_attrs.clear()
+        self._init_helpers.clear()
+        self._inherited.clear()
+        self._reached_from.clear()
 
     def functions(self) -> list[AnyFunction]:
         """Every function and method of the file, in source order of their headers."""
@@ -116,6 +123,9 @@ class FileIndex:
     def inherited_methods(self, cls: ast.ClassDef) -> dict[str, AnyFunction]:
         """The methods an instance of `cls` runs: its own, then those of its base classes
         defined at the top of this file (first base first), not overridden."""
+        cached = self._inherited.get(cls)
+        if cached is not None:
+            return cached
         found: dict[str, AnyFunction] = {}
         seen: set[ast.ClassDef] = set()
         todo = [cls]
@@ -130,6 +140,7 @@ class FileIndex:
                 local = self.classes.get(base.id) if isinstance(base, ast.Name) else None
                 if local is not None:
                     todo.append(local)
+        self._inherited[cls] = found
         return found
 
     def module_attrs(self, cls: ast.ClassDef) -> frozenset[str]:
@@ -237,6 +248,9 @@ class FileIndex:
         self, cls: ast.ClassDef, start: AnyFunction
     ) -> dict[AnyFunction, AnyFunction | None]:
         """Each method `start` reaches, with the method that calls it on a shortest chain."""
+        cached = self._reached_from.get((cls, start))
+        if cached is not None:
+            return cached
         methods = self.inherited_methods(cls)
         called: dict[AnyFunction, list[AnyFunction]] = {}
         for name, (_, calls, callers) in self._method_uses(cls).items():
@@ -252,6 +266,7 @@ class FileIndex:
                 if method not in parents:
                     parents[method] = current
                     todo.append(method)
+        self._reached_from[(cls, start)] = parents
         return parents
 
     def text(self, node: ast.AST) -> str:
