@@ -29,6 +29,15 @@ of the file's own function is followed with what it passes (`FileFlow.call_facts
 its result and the meetings inside; context-sensitive, depth 2, a budget per file).
 What library APIs return is data: `library.toml`, loaded by `torch_api.py`.
 
+Classes: a method's `self.m(...)` calls resolve in the class and its bases of the same file
+(`FileIndex.inherited_methods`: a base's `forward` runs the subclass's `m`);
+`reached_methods` / `call_chain` give what a method runs through such calls, to any depth.
+Helpers only `__init__` runs (`FileIndex.init_helpers`: `self._init_state()`) are part of
+construction: a call of one is followed with the arguments and `self` as they are there
+(`call_facts(..., attributes)`, its `CallFacts.writes`), so `__init__`'s exit state, and
+the `self.x` seeds of the other methods, hold what they make. A staticmethod called as
+`self.m(...)` only (never through the class name) is seeded from those calls.
+
 Values (`values.py`): a `Value` says what an expression holds: its `Kind` (module,
 tensor, batch from a loader, loader, parameters, device, container, ...), its `Place`
 (CPU, the target device, unknown) and where that came from. Anything not understood

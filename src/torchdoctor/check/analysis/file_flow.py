@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.syntax import (
     _ASSIGNED_ATTR,
     _is_static,
     _looks_like_tensor_arg,
+    dotted,
     returns_factory,
 )
 from torchdoctor.check.analysis.values import (
@@ -85,7 +86,9 @@ class FileFlow(FileIndex):
     MAX_CALL_DEPTH = 2  # calls followed with their arguments, one inside another
     CALL_BUDGET = 200  # such analyses per file: a huge file stays fast
 
-    def call_facts(self, func: AnyFunction, arguments: Env, depth: int) -> CallFacts | None:
+    def call_facts(
+        self, func: AnyFunction, arguments: Env, depth: int, attributes: Env | None = None
+    ) -> CallFacts | None:
         """What `func` returns, and where devices meet inside it, when its parameters
         hold `arguments` (None: not analysed: too deep, recursive, or over the budget).
 
@@ -93,10 +96,15 @@ class FileFlow(FileIndex):
         depend on what this call passes (`reduce_mean(out, target)` returns a tensor on
         the device when `out` is there), which the callee's own scope, seeded from the
         join of all its call sites, cannot tell.
+
+        With `attributes` (a method's `self.x` as its caller holds them, keyed `x`), the
+        facts also give what the method leaves on `self` (`CallFacts.writes`).
         """
         if depth >= self.MAX_CALL_DEPTH or func in self._calls_in_progress:
             return None
-        key = (func, tuple(sorted(arguments.items(), key=lambda kv: kv[0])))
+        key: tuple[object, ...] = (func, tuple(sorted(arguments.items(), key=lambda kv: kv[0])))
+        if attributes is not None:
+            key = (*key, tuple(sorted(attributes.items(), key=lambda kv: kv[0])))
         if key in self._call_facts:
             return self._call_facts[key]
         if self._call_budget <= 0:
@@ -104,10 +112,22 @@ class FileFlow(FileIndex):
         self._call_budget -= 1
         self._calls_in_progress.add(func)
         try:
-            seeds = self._seeds(func, depth + 1, callers=False, call_sites=False)
+            seeds = self._seeds(
+                func, depth + 1, callers=False, call_sites=False, attributes=attributes is None
+            )
             seeds.update(arguments)
+            params = [*func.args.posonlyargs, *func.args.args]
+            me = params[0].arg if params else ""
+            if attributes is not None and me:
+                seeds.update({f"{me}.{attr}": v for attr, v in attributes.items()})
             scope = ScopeFlow(self, func, seeds=seeds, depth=depth + 1)
-            found = CallFacts(scope.returned or UNKNOWN, tuple(scope.mismatches))
+            writes: tuple[tuple[str, Value], ...] = ()
+            if attributes is not None and me:
+                prefix = f"{me}."
+                writes = tuple(
+                    (k[len(prefix) :], v) for k, v in scope.exit_env.items() if k.startswith(prefix)
+                )
+            found = CallFacts(scope.returned or UNKNOWN, tuple(scope.mismatches), writes)
         finally:
             self._calls_in_progress.discard(func)
         self._call_facts[key] = found
@@ -166,7 +186,15 @@ class FileFlow(FileIndex):
         return self.module_scope().exit_env
 
     # -- seeds ---------------------------------------------------------------------------
-    def _seeds(self, func: ScopeNode, depth: int, callers: bool, *, call_sites: bool = True) -> Env:
+    def _seeds(
+        self,
+        func: ScopeNode,
+        depth: int,
+        callers: bool,
+        *,
+        call_sites: bool = True,
+        attributes: bool = True,
+    ) -> Env:
         """Initial values of a function's parameters and of `self.x` attributes."""
         if isinstance(func, ast.Module):
             return {}
@@ -192,7 +220,7 @@ class FileFlow(FileIndex):
         seeds.update(call_seeds)
         if cls is not None and self_name is not None:
             module_class = self.is_module_class(cls)
-            if func.name != "__init__":
+            if func.name != "__init__" and attributes:
                 seeds.update(self._self_attribute_seeds(cls, func, self_name, module_class))
             if module_class and func.name == "forward":
                 for arg in params[1:]:
@@ -223,14 +251,16 @@ class FileFlow(FileIndex):
     def _self_attribute_seeds(
         self, cls: ast.ClassDef, func: AnyFunction, self_name: str, module_class: bool
     ) -> Env:
-        """`self.x` as `__init__` leaves it, when no other method assigns `self.x`."""
+        """`self.x` as `__init__` leaves it, when no other method assigns `self.x`
+        (the helpers only `__init__` runs are part of it: `self._build_masks()`)."""
         init = self.methods(cls).get("__init__")
-        if init is None or init is func:
+        helpers = self.init_helpers(cls)
+        if init is None or init is func or func.name in helpers:
             return {}
         init_scope = self.scope(init)
         others: set[str] = set()
         for name, method in self.methods(cls).items():
-            if name != "__init__":
+            if name != "__init__" and name not in helpers:
                 others |= self.self_attrs_assigned(method)
         seeds: Env = {}
         for key, value in init_scope.exit_env.items():
@@ -303,6 +333,14 @@ class FileFlow(FileIndex):
             uses, calls, callers = self._method_uses(cls).get(func.name, (0, 0, []))
             if uses != calls:
                 return {}  # `self.m` passed around as a value: not all calls are seen
+            scopes = [m for m in callers if m is not func]
+        elif _is_staticmethod(func) and f"{cls.name}.{func.name}" not in self.ctx.source:
+            # `self._mask(n, m)` of a staticmethod: every argument is a parameter (calls
+            # through the class name may come from elsewhere: then its callers are unseen)
+            callee, offset = f"self.{func.name}", 0
+            uses, calls, callers = self._method_uses(cls).get(func.name, (0, 0, []))
+            if uses != calls:
+                return {}
             scopes = [m for m in callers if m is not func]
         else:
             return {}
@@ -404,6 +442,10 @@ class FileFlow(FileIndex):
                 values[key] = value
         # parameters not passed take their defaults: unknown
         return {k: _as_parameter(k, v) for k, v in values.items()}
+
+
+def _is_staticmethod(func: AnyFunction) -> bool:
+    return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)
 
 
 def _built_loaders(value: Value) -> bool:

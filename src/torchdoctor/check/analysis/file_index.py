@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.syntax import (
     _COMPOUND_STATEMENTS,
     _DEF_OR_IMPORT,
     _SELF_ATTRIBUTE_USE,
+    _is_static,
     _target_names,
     module_receivers,
 )
@@ -66,6 +67,11 @@ class FileIndex:
         self._module_names: frozenset[str] | None = None
         self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
         self._module_attrs: dict[ast.ClassDef, frozenset[str]] = {}
+        self._init_helpers: dict[ast.ClassDef, frozenset[str]] = {}
+        self._inherited: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
+        self._reached_from: dict[
+            tuple[ast.ClassDef, AnyFunction], dict[AnyFunction, AnyFunction | None]
+        ] = {}
 
     # -- index -------------------------------------------------------------------------
     def _index(self, body: list[ast.stmt], cls: ast.ClassDef | None, *, top: bool) -> None:
@@ -95,6 +101,9 @@ class FileIndex:
         self._class_uses.clear()
         self._self_attrs_assigned.clear()
         self._module_attrs.clear()
+        self._init_helpers.clear()
+        self._inherited.clear()
+        self._reached_from.clear()
 
     def functions(self) -> list[AnyFunction]:
         """Every function and method of the file, in source order of their headers."""
@@ -110,6 +119,29 @@ class FileIndex:
 
     def methods(self, cls: ast.ClassDef) -> dict[str, AnyFunction]:
         return self._methods.get(cls, {})
+
+    def inherited_methods(self, cls: ast.ClassDef) -> dict[str, AnyFunction]:
+        """The methods an instance of `cls` runs: its own, then those of its base classes
+        defined at the top of this file (first base first), not overridden."""
+        cached = self._inherited.get(cls)
+        if cached is not None:
+            return cached
+        found: dict[str, AnyFunction] = {}
+        seen: set[ast.ClassDef] = set()
+        todo = [cls]
+        while todo:
+            current = todo.pop(0)
+            if current in seen:
+                continue
+            seen.add(current)
+            for name, method in self.methods(current).items():
+                found.setdefault(name, method)
+            for base in current.bases:
+                local = self.classes.get(base.id) if isinstance(base, ast.Name) else None
+                if local is not None:
+                    todo.append(local)
+        self._inherited[cls] = found
+        return found
 
     def module_attrs(self, cls: ast.ClassDef) -> frozenset[str]:
         """Attributes `x` some method of `cls` uses as an nn.Module (`self.x.eval()`)."""
@@ -167,6 +199,75 @@ class FileIndex:
         """`forward` of an nn.Module subclass."""
         cls = self.class_of(func)
         return func.name == "forward" and cls is not None and self.is_module_class(cls)
+
+    def init_helpers(self, cls: ast.ClassDef) -> frozenset[str]:
+        """Methods that only `__init__` runs (directly or through one another), by
+        `self.m(...)` calls and never as a value: what they set on `self` is set at
+        construction, like `__init__`'s own `self.x = ...` (`self._build_masks()`)."""
+        found = self._init_helpers.get(cls)
+        if found is None:
+            methods = self.methods(cls)
+            uses = self._method_uses(cls)
+            helpers: set[str] = set()
+            changed = "__init__" in methods
+            while changed:
+                changed = False
+                for name, method in methods.items():
+                    if name == "__init__" or name in helpers or _is_static(method):
+                        continue
+                    used, calls, callers = uses.get(name, (0, 0, []))
+                    if (
+                        calls
+                        and used == calls
+                        and all(c.name == "__init__" or c.name in helpers for c in callers)
+                    ):
+                        helpers.add(name)
+                        changed = True
+            found = self._init_helpers[cls] = frozenset(helpers)
+        return found
+
+    def reached_methods(self, cls: ast.ClassDef, start: AnyFunction) -> list[AnyFunction]:
+        """The methods of `cls` that `start` runs through `self.m(...)` calls, one inside
+        another (`forward` -> `_masks` -> `_one_mask`), `start` first."""
+        return list(self._reached(cls, start))
+
+    def call_chain(
+        self, cls: ast.ClassDef, start: AnyFunction, target: AnyFunction
+    ) -> list[AnyFunction]:
+        """The methods from `start` to `target` through `self.m(...)` calls, both ends
+        included (a shortest chain; empty if `start` does not reach `target`)."""
+        parents = self._reached(cls, start)
+        if target not in parents:
+            return []
+        chain = [target]
+        while (parent := parents[chain[-1]]) is not None:
+            chain.append(parent)
+        return chain[::-1]
+
+    def _reached(
+        self, cls: ast.ClassDef, start: AnyFunction
+    ) -> dict[AnyFunction, AnyFunction | None]:
+        """Each method `start` reaches, with the method that calls it on a shortest chain."""
+        cached = self._reached_from.get((cls, start))
+        if cached is not None:
+            return cached
+        methods = self.inherited_methods(cls)
+        called: dict[AnyFunction, list[AnyFunction]] = {}
+        for name, (_, calls, callers) in self._method_uses(cls).items():
+            method = methods.get(name)
+            if method is not None and calls:
+                for caller in callers:
+                    called.setdefault(caller, []).append(method)
+        parents: dict[AnyFunction, AnyFunction | None] = {start: None}
+        todo = [start]
+        while todo:
+            current = todo.pop(0)
+            for method in called.get(current, []):
+                if method not in parents:
+                    parents[method] = current
+                    todo.append(method)
+        self._reached_from[(cls, start)] = parents
+        return parents
 
     def text(self, node: ast.AST) -> str:
         """The source lines of a statement-level node (cached; for cheap text gates)."""
@@ -318,11 +419,12 @@ class FileIndex:
         self._uses.update(uses)
 
     def _method_uses(self, cls: ast.ClassDef) -> dict[str, tuple[int, int, list[AnyFunction]]]:
-        """Per method name `m`: (uses of `self.m`, calls `self.m(`, the methods calling it)."""
+        """Per method name `m`: (uses of `self.m`, calls `self.m(`, the methods calling it),
+        inherited methods included (a base's `forward` calls the subclass's `self.m(...)`)."""
         found = self._class_uses.get(cls)
         if found is None:
             found = {}
-            for method in self.methods(cls).values():
+            for method in self.inherited_methods(cls).values():
                 params = [*method.args.posonlyargs, *method.args.args]
                 me = params[0].arg if params else "self"
                 for match in _SELF_ATTRIBUTE_USE.finditer(self.text(method)):

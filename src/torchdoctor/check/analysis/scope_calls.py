@@ -68,9 +68,63 @@ class ScopeCalls(ScopeMoves):
         qual = self.ctx.qualname(func) or ""
         result = self._call(node, qual, recv, callee, args, keywords, statement)
         self._record_call_site(node, args, keywords, opaque)
+        effect = self._init_helper_effect(node, args, keywords, opaque)
         if statement and result is UNKNOWN and self.env is not None:
             self._forget_mutated(node, recv)
+        if effect is not None and self.env is not None:
+            assigned, writes = effect
+            prefix = self.self_name + "."
+            for key in [k for k in self.env if k.startswith(prefix)]:
+                if key[len(prefix) :].split(".", 1)[0] in assigned:
+                    del self.env[key]
+            for attr, value in writes:
+                if attr.split(".", 1)[0] in assigned:
+                    self.env[prefix + attr] = value
         return result
+
+    def _init_helper_effect(
+        self,
+        node: ast.Call,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+        opaque: bool,
+    ) -> tuple[frozenset[str], tuple[tuple[str, Value], ...]] | None:
+        """`self._build_masks(n)` of a method only construction runs: the attributes it
+        (or a helper it runs) may assign, and what it leaves in them, followed with the
+        arguments and `self` as they are here (None: not such a call)."""
+        func = node.func
+        env = self.env
+        if (
+            env is None
+            or opaque
+            or self.cls is None
+            or not self.self_name
+            or not isinstance(func, ast.Attribute)
+            or not isinstance(func.value, ast.Name)
+            or func.value.id != self.self_name
+            or func.attr not in self.ff.init_helpers(self.cls)
+        ):
+            return None
+        method = self.ff.methods(self.cls).get(func.attr)
+        if method is None:
+            return None
+        params = [p.arg for p in [*method.args.posonlyargs, *method.args.args]][1:]
+        by_name = set(params) | {p.arg for p in method.args.kwonlyargs}
+        arguments = {p: v for p, v in zip(params, args, strict=False) if v is not UNKNOWN}
+        arguments.update(
+            {k: v for k, v in keywords if k is not None and k in by_name and v is not UNKNOWN}
+        )
+        prefix = self.self_name + "."
+        attributes = {k[len(prefix) :]: v for k, v in env.items() if k.startswith(prefix)}
+        assigned: frozenset[str] = frozenset()
+        for reached in self.ff.reached_methods(self.cls, method):
+            assigned |= self.ff.self_attrs_assigned(reached)
+        if "*" in assigned:  # setattr(self, name, ...): any attribute
+            assigned |= {k[len(prefix) :].split(".", 1)[0] for k in env if k.startswith(prefix)}
+            return assigned, ()
+        facts = self.ff.call_facts(method, arguments, self.depth, attributes)
+        # not followed (too deep, over the budget): what it may assign is not known
+        return assigned, facts.writes if facts is not None else ()
 
     def _record_call_site(
         self,

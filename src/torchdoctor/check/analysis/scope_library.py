@@ -334,7 +334,9 @@ class ScopeLibrary(ScopeExprs):
             if last == "scalar_tensor":
                 scalar = True
             elif isinstance(data, ast.List | ast.Tuple) and not data.elts:
-                scalar = True  # torch.tensor([]): an empty placeholder
+                # torch.tensor([]): an empty 1-d tensor, no 0-dim scalar: `torch.cat` of it
+                # with tensors on another device fails (no tensor is skipped from that check)
+                scalar = False
             elif not isinstance(data, ast.List | ast.Tuple | ast.ListComp):
                 held = self.value(data) if data is not None and self._recording else UNKNOWN
                 if held is UNKNOWN and data is not None:

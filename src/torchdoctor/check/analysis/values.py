@@ -203,6 +203,8 @@ class CallFacts:
 
     returned: Value
     mismatches: tuple[Mismatch, ...]
+    # for a method followed with its caller's `self` attributes: `self.x` as it leaves them
+    writes: tuple[tuple[str, Value], ...] = ()
 
 
 @dataclass(frozen=True)

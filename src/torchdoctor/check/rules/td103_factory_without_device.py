@@ -96,12 +96,12 @@ class FactoryWithoutDevice(Rule):
                 ):
                     self._check(func, None, ff.scope(func))
                 continue
-            forward = ff.methods(cls).get("forward")
+            forward = ff.inherited_methods(cls).get("forward")  # maybe a base class's
             if forward is None:
                 continue
             if not devices and _runs_here(ff, cls):
                 continue  # a CPU-only script running its own model: it never meets a GPU
-            if func is not forward and not ff.mentions(forward, f"self.{func.name}("):
+            if func not in ff.reached_methods(cls, forward):
                 continue
             if not ff.mentions(func, *FACTORIES, *LEGACY_CONSTRUCTORS):
                 makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
@@ -148,7 +148,8 @@ class FactoryWithoutDevice(Rule):
         cls = ff.class_of(func)
         if cls is None:
             return []
-        return [m for name, m in ff.methods(cls).items() if name != "__init__" and m is not func]
+        skip = {"__init__", *ff.init_helpers(cls)}  # what construction makes is TD104's
+        return [m for name, m in ff.methods(cls).items() if name not in skip and m is not func]
 
     def _message(
         self, func: AnyFunction, forward: AnyFunction | None, m: Mismatch, qual: str, factory: str
@@ -178,6 +179,13 @@ class FactoryWithoutDevice(Rule):
                 f" or `{like}(...)`" if like.startswith("torch.") else f" or `{base}.{like}(...)`"
             )
         path = f", and {m.path}" if m.path else ""
+        cls = file_flow(self.ctx).class_of(func)
+        if forward is not None and cls is not None and func is not forward:
+            # `forward` -> `_masks` -> `_mask`: say how forward gets there
+            chain = file_flow(self.ctx).call_chain(cls, forward, func)
+            if len(chain) > 2:
+                through = " -> ".join(f"`{c.name}`" for c in chain)
+                path += f"; {through} runs it"
         if factory in LEGACY_CONSTRUCTORS:
             dtype = _LEGACY_DTYPES.get(factory, "")
             return (

@@ -68,18 +68,24 @@ class UnregisteredTensor(Rule):
     def finish(self) -> None:
         ff = file_flow(self.ctx)
         for func in ff.functions():
-            if func.name != "__init__" or not ff.mentions(func, "torch", "tensor"):
+            if func.name != "__init__":
                 continue
             cls = ff.class_of(func)
             if cls is None or not ff.is_module_class(cls):
                 continue
-            self._check(ff, cls, func, ff.scope(func, callers=False))
+            # `__init__` and the helpers only it runs (`self._init_state()`)
+            helpers = ff.init_helpers(cls)
+            makers = [func, *(m for n, m in ff.methods(cls).items() if n in helpers)]
+            if not any(ff.mentions(m, "torch", "tensor") for m in makers):
+                continue
+            self._check(ff, cls, makers, ff.scope(func, callers=False))
 
-    def _check(self, ff: FileFlow, cls: ast.ClassDef, init: AnyFunction, scope: ScopeFlow) -> None:
-        me = scope.self_name
-        if not me:
+    def _check(
+        self, ff: FileFlow, cls: ast.ClassDef, makers: list[AnyFunction], init: ScopeFlow
+    ) -> None:
+        if not init.self_name:
             return
-        others = [m for name, m in ff.methods(cls).items() if name != "__init__"]
+        others = [m for m in ff.methods(cls).values() if m not in makers]
         class_text = ff.text(cls)
         assigned_elsewhere: set[str] = set()
         for method in others:
@@ -87,7 +93,26 @@ class UnregisteredTensor(Rule):
         if "*" in assigned_elsewhere:
             return
         seen: set[str] = set()
-        for stmt in walk(init):
+        for maker in makers:
+            scope = init if maker is makers[0] else ff.scope(maker, callers=False)
+            self._check_maker(ff, maker, scope, init, others, class_text, assigned_elsewhere, seen)
+
+    def _check_maker(
+        self,
+        ff: FileFlow,
+        maker: AnyFunction,
+        scope: ScopeFlow,
+        init: ScopeFlow,
+        others: list[AnyFunction],
+        class_text: str,
+        assigned_elsewhere: set[str],
+        seen: set[str],
+    ) -> None:
+        params = [*maker.args.posonlyargs, *maker.args.args]
+        if not params:
+            return
+        me = params[0].arg
+        for stmt in walk(maker):
             if not isinstance(stmt, ast.Assign | ast.AnnAssign) or stmt.value is None:
                 continue
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
@@ -106,7 +131,7 @@ class UnregisteredTensor(Rule):
                     continue
                 if value.scalar or value.assumed or attr in assigned_elsewhere:
                     continue
-                final = scope.exit_env.get(f"{me}.{attr}")
+                final = init.exit_env.get(f"{init.self_name}.{attr}")
                 if final is None or final.kind is not Kind.TENSOR:
                     continue  # wrapped in a Parameter or replaced later
                 if re.search(rf"register_buffer\(\s*['\"]{re.escape(attr)}['\"]", class_text):
@@ -114,20 +139,23 @@ class UnregisteredTensor(Rule):
                 user = _first_use(ff, others, attr, value)
                 if user is None:
                     continue
-                self._report(stmt, target, attr, value.line, value.name, user, first)
+                helper = "" if maker.name == "__init__" else maker.name
+                self._report(stmt, target, attr, value, helper, user, first)
 
     def _report(
         self,
         stmt: ast.Assign | ast.AnnAssign,
         target: ast.Attribute,
         attr: str,
-        made_line: int,
-        made_by: str,
+        value: Value,
+        helper: str,
         user: tuple[str, str],
         first: bool,
     ) -> None:
         method, line = user
-        made = f"made at line {made_line}" + (f" by `{made_by}`" if made_by else "")
+        made = f"made at line {value.line}" + (f" by `{value.name}`" if value.name else "")
+        if helper:
+            made += f" in `{helper}`, which `__init__` runs"
         message = (
             f"`self.{attr}` is a plain tensor attribute ({made}), not a buffer: "
             f"`model.to(device)` leaves it on the CPU, where `{method}` uses it with tensors on "
@@ -136,12 +164,12 @@ class UnregisteredTensor(Rule):
         )
         fix = None
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and first:
-            value = self.ctx.segment(stmt.value)
+            made_text = self.ctx.segment(stmt.value)
             fix = self.ctx.fix(
                 f"register `{attr}` as a buffer (`persistent=False`)",
                 self.ctx.replace(
                     stmt,
-                    f'{self.ctx.segment(target.value)}.register_buffer("{attr}", {value}, '
+                    f'{self.ctx.segment(target.value)}.register_buffer("{attr}", {made_text}, '
                     "persistent=False)",
                 ),
                 safe=False,
