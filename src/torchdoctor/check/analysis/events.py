@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.names import LoopNode
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import bound_keys, dotted
 from torchdoctor.check.context import (
     walk,
 )
@@ -239,20 +239,9 @@ def loop_invariant(test: ast.expr, loop: ast.AST) -> bool:
     if not read:
         return False
     for node in walk(loop):
-        targets: list[ast.AST] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
-            targets = [node.target]
-        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-            targets = [node.optional_vars]
-        for target in targets:
-            for t in walk(target):
-                text = dotted(t) if isinstance(t, ast.Name | ast.Attribute) else None
-                if text is not None and any(
-                    r == text or r.startswith(text + ".") or text.startswith(r + ".") for r in read
-                ):
-                    return False
+        for text in bound_keys(node):
+            if any(r == text or r.startswith(text + ".") or text.startswith(r + ".") for r in read):
+                return False
     return True
 
 

@@ -38,7 +38,7 @@ from torchdoctor.check.analysis.mode_state import (
     _train_arg,
 )
 from torchdoctor.check.analysis.names import LoopNode, is_eval_iterable, is_eval_name
-from torchdoctor.check.analysis.syntax import dotted, last_part
+from torchdoctor.check.analysis.syntax import bound_keys, dotted, last_part
 
 if TYPE_CHECKING:
     pass
@@ -391,20 +391,8 @@ def _aliases(fi: FunctionInfo) -> dict[str, str]:
         return {}
     bound: dict[str, int] = {}
     for node in ast.walk(fi.node):
-        targets: list[ast.AST] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
-            targets = [node.target]
-        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-            targets = [node.optional_vars]
-        elif isinstance(node, ast.NamedExpr | ast.comprehension):
-            targets = [node.target]
-        for place in targets:
-            for t in ast.walk(place):
-                key = dotted(t) if isinstance(t, ast.Name | ast.Attribute) else None
-                if key is not None:
-                    bound[key] = bound.get(key, 0) + 1
+        for key in bound_keys(node, comprehensions=True):
+            bound[key] = bound.get(key, 0) + 1
     params = set(fi.params())
     return {
         name: target

@@ -17,7 +17,7 @@ import ast
 import dataclasses
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
@@ -79,17 +79,28 @@ def is_candidate(source: str) -> bool:
     )
 
 
-def collect(
-    index: ProjectIndex, files: Iterable[tuple[str, str]]
-) -> dict[str, tuple[CallFact, ...]]:
-    """Callee name -> the facts of its calls in `files` ((path, text) pairs)."""
-    facts: dict[str, list[CallFact]] = {}
+def _contexts(index: ProjectIndex, files: Iterable[tuple[str, str]]) -> Iterator[FileContext]:
+    """A FileContext for each (path, text) that parses, closed when the caller moves on
+    (a file too deep for the analysis, RecursionError, is skipped)."""
     for path, source in files:
         try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             continue
         ctx = FileContext(path, source, tree, index)
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
+def collect(
+    index: ProjectIndex, files: Iterable[tuple[str, str]]
+) -> dict[str, tuple[CallFact, ...]]:
+    """Callee name -> the facts of its calls in `files` ((path, text) pairs)."""
+    facts: dict[str, list[CallFact]] = {}
+    for ctx in _contexts(index, files):
+        path, tree = ctx.path, ctx.tree
         ff = file_flow(ctx)
         local = {
             stmt.name
@@ -121,8 +132,6 @@ def collect(
                     )
         except RecursionError:
             continue
-        finally:
-            ctx.close()
     return {name: tuple(found) for name, found in facts.items()}
 
 
@@ -297,29 +306,22 @@ def generic_arguments(
     from the package the building file belongs to (its top package names a folder of
     the file's path)."""
     found: dict[str, list[tuple[str, str, int]]] = {}
-    for path, source in files:
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError, MemoryError, RecursionError):
-            continue
-        ctx = FileContext(path, source, tree, index)
+    for ctx in _contexts(index, files):
+        path, tree = ctx.path, ctx.tree
         folders = set(re.split(r"[\\/]", path)[:-1])
         local = {c.name for c in tree.body if isinstance(c, ast.ClassDef)}
-        try:
-            for node in ast.walk(tree):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
-                    continue
-                generic, argument = node.func.value, node.func.slice
-                if not isinstance(argument, ast.Name | ast.Attribute):
-                    continue
-                name = ctx.qualname(argument) or ""
-                owner = name.split(".", 1)[0]
-                last = name.rsplit(".", 1)[-1]
-                if name in local or last in index.bases or ("." in name and owner in folders):
-                    cls = ast.unparse(generic).rsplit(".", 1)[-1]
-                    found.setdefault(cls, []).append((name, path, node.lineno))
-        finally:
-            ctx.close()
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
+                continue
+            generic, argument = node.func.value, node.func.slice
+            if not isinstance(argument, ast.Name | ast.Attribute):
+                continue
+            name = ctx.qualname(argument) or ""
+            owner = name.split(".", 1)[0]
+            last = name.rsplit(".", 1)[-1]
+            if name in local or last in index.bases or ("." in name and owner in folders):
+                cls = ast.unparse(generic).rsplit(".", 1)[-1]
+                found.setdefault(cls, []).append((name, path, node.lineno))
     return {name: tuple(facts) for name, facts in found.items()}
 
 
@@ -328,17 +330,10 @@ def _wrapped_arguments(
 ) -> dict[str, tuple[tuple[str, Passed], ...]]:
     """Function name -> the models wrapped in DataParallel/DDP that `files` hand it."""
     found: dict[str, list[tuple[str, Passed]]] = {}
-    for path, source in files:
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError, MemoryError, RecursionError):
-            continue
-        ctx = FileContext(path, source, tree, index)
+    for ctx in _contexts(index, files):
         try:
             for name, facts in wrapped_arguments(ctx).items():
                 found.setdefault(name, []).extend(facts)
         except RecursionError:
             continue
-        finally:
-            ctx.close()
     return {name: tuple(facts) for name, facts in found.items()}

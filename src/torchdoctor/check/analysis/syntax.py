@@ -182,6 +182,28 @@ def _local_names(func: AnyFunction) -> frozenset[str]:
     return frozenset(names - declared_global)
 
 
+def bound_keys(node: ast.AST, *, comprehensions: bool = False) -> list[str]:
+    """The dotted names (`x`, `self.h`) a statement or `with` item binds: assignment
+    and loop targets, `as` names; with `comprehensions`, also walrus and comprehension
+    targets. Every name inside a target counts (`a, b.c = ...` binds `a`, `b.c`, `b`)."""
+    targets: list[ast.AST] = []
+    if isinstance(node, ast.Assign):
+        targets = list(node.targets)
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
+        targets = [node.target]
+    elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+        targets = [node.optional_vars]
+    elif comprehensions and isinstance(node, ast.NamedExpr | ast.comprehension):
+        targets = [node.target]
+    keys = []
+    for target in targets:
+        for t in ast.walk(target):
+            key = dotted(t) if isinstance(t, ast.Name | ast.Attribute) else None
+            if key is not None:
+                keys.append(key)
+    return keys
+
+
 def module_receivers(scope: ast.AST, ctx: FileContext | None = None) -> frozenset[str]:
     """Names (`model`, `self.net`) that the scope calls a method only an nn.Module has
     on (`model.eval()`, `net.parameters()`); nested defs and classes are not looked in.
