@@ -5,7 +5,7 @@ from torchdoctor.check.rules.td101_hardcoded_cuda import HardcodedCuda
 
 
 class CudaOnlyScript(HardcodedCuda):
-    """(advice) A script hard-wired to CUDA: it cannot run, or be smoke-tested, without a GPU.
+    """A script hard-wired to CUDA: it cannot run, or be smoke-tested, without a GPU.
 
     ## What it does
     Finds the same unconditional `.cuda()` calls and `"cuda"` devices as TD101
