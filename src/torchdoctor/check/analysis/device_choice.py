@@ -30,57 +30,49 @@ _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _DEVICE_ATTRIBUTES = frozenset({"device", "is_cuda"})
 
 
-class DeviceChoice:
-    """One file's evidence, computed once and asked per hard-wired placement."""
+def device_reason(ctx: FileContext, stack: list[ast.AST], node: ast.AST) -> str | None:
+    """Why CUDA hard-wired at `node` (`stack`: its ancestors and itself) is a bug, or
+    None for a script that simply runs on a GPU."""
+    function = next((n for n in reversed(stack) if isinstance(n, _FUNCTIONS)), None)
+    cls = next((n for n in reversed(stack) if isinstance(n, ast.ClassDef)), None)
+    # judged by the class's own bases: a same-named module elsewhere does not count
+    if cls is not None and file_flow(ctx).is_module_class(cls):
+        return (
+            f"`{cls.name}` is a torch module: its code runs on whatever device its user moves it to"
+        )
+    if function is not None:
+        known = _known_device(function)
+        if known is not None:
+            return f"`{function.name}` already has a device to follow ({known})"
+        met = _meets_input(function, stack, node)
+        if met is not None:
+            return f"it is combined with the input `{met}`, whose device it could follow"
+    if is_test_file(ctx.project_path):
+        return "tests run on CPU-only machines too"
+    return ctx.shared("device_choice.file", _file_reason)
 
-    def __init__(self, ctx: FileContext) -> None:
-        self.ctx = ctx
-        self._file_reason: str | bool | None = False  # False: not computed yet
 
-    def reason(self, stack: list[ast.AST], node: ast.AST) -> str | None:
-        """Why CUDA hard-wired at `node` (under `stack`) is a bug, or None for a
-        script that simply runs on a GPU."""
-        function = next((n for n in reversed(stack) if isinstance(n, _FUNCTIONS)), None)
-        cls = next((n for n in reversed(stack) if isinstance(n, ast.ClassDef)), None)
-        # judged by the class's own bases: a same-named module elsewhere does not count
-        if cls is not None and file_flow(self.ctx).is_module_class(cls):
+def _file_reason(ctx: FileContext) -> str | None:
+    """The file asks whether CUDA is there (once per file, shared by TD101 and TD115)."""
+    if "is_available" not in ctx.source and "is_cuda" not in ctx.source:
+        return None
+    for sub in ast.walk(ctx.tree):
+        if (
+            isinstance(sub, ast.Call)
+            and isinstance(sub.func, ast.Attribute)
+            and sub.func.attr == "is_available"
+            and ctx.qualname(sub.func) == "torch.cuda.is_available"
+        ):
             return (
-                f"`{cls.name}` is a torch module: its code runs on whatever device "
-                "its user moves it to"
+                f"the file checks `torch.cuda.is_available()` (line {sub.lineno}), "
+                "so it is meant to run without a GPU"
             )
-        if function is not None:
-            known = _known_device(function)
-            if known is not None:
-                return f"`{function.name}` already has a device to follow ({known})"
-            met = _meets_input(function, stack, node)
-            if met is not None:
-                return f"it is combined with the input `{met}`, whose device it could follow"
-        if is_test_file(self.ctx.project_path):
-            return "tests run on CPU-only machines too"
-        return self._file()
-
-    def _file(self) -> str | None:
-        if self._file_reason is False:
-            self._file_reason = None
-            for sub in ast.walk(self.ctx.tree):
-                if (
-                    isinstance(sub, ast.Call)
-                    and isinstance(sub.func, ast.Attribute)
-                    and sub.func.attr == "is_available"
-                    and self.ctx.qualname(sub.func) == "torch.cuda.is_available"
-                ):
-                    self._file_reason = (
-                        f"the file checks `torch.cuda.is_available()` (line {sub.lineno}), "
-                        "so it is meant to run without a GPU"
-                    )
-                    break
-                if isinstance(sub, ast.Attribute) and sub.attr == "is_cuda":
-                    self._file_reason = (
-                        f"the file asks `{self.ctx.segment(sub)}` (line {sub.lineno}), "
-                        "so its tensors may be on the CPU"
-                    )
-                    break
-        return self._file_reason if isinstance(self._file_reason, str) else None
+        if isinstance(sub, ast.Attribute) and sub.attr == "is_cuda":
+            return (
+                f"the file asks `{ctx.segment(sub)}` (line {sub.lineno}), "
+                "so its tensors may be on the CPU"
+            )
+    return None
 
 
 def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
@@ -117,7 +109,7 @@ def _meets_input(
     was there to follow. Moving an existing value (`batch.cuda()`) is a choice of device,
     not a new tensor that ignores one; inputs the function reassigns no longer hold the
     caller's device."""
-    if _moved_root(node) not in ("torch", None) or not isinstance(node, ast.Call):
+    if not isinstance(node, ast.Call) or _moved_root(node) not in ("torch", None):
         return None
     params = _parameters(function) - _reassigned(function)
     statement = next((n for n in reversed(stack) if isinstance(n, ast.stmt)), None)
@@ -155,21 +147,19 @@ def _operands(use: ast.AST, made: set[str]) -> set[str]:
     the callee (`model(made)`, `model.decode(made, x)`: a module, not a tensor)."""
     if isinstance(use, ast.Call):
         parts: list[ast.AST] = [*use.args, *(kw.value for kw in use.keywords)]
-        return set().union(*(_values(p) for p in parts)) - made if parts else set()
+        return set().union(*(_values(p) for p in parts)) - made
     return _values(use) - made
 
 
 def _values(node: ast.AST) -> set[str]:
     """Names read as values: not a callee (`f(x)`) and not the owner of a plain
     attribute (`cfg.lr`, `x.shape`), but the receiver of a method (`x.unsqueeze(1)`)."""
-    methods = {id(sub.func) for sub in ast.walk(node) if isinstance(sub, ast.Call)}
-    skip = {
-        id(sub.value)
-        for sub in ast.walk(node)
-        if isinstance(sub, ast.Attribute) and id(sub) not in methods
+    nodes = list(ast.walk(node))
+    callees = {id(sub.func) for sub in nodes if isinstance(sub, ast.Call)}
+    skip = callees | {
+        id(sub.value) for sub in nodes if isinstance(sub, ast.Attribute) and id(sub) not in callees
     }
-    skip |= {id(sub.func) for sub in ast.walk(node) if isinstance(sub, ast.Call)}
-    return {sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name) and id(sub) not in skip}
+    return {sub.id for sub in nodes if isinstance(sub, ast.Name) and id(sub) not in skip}
 
 
 def _moved_root(node: ast.AST) -> str | None:

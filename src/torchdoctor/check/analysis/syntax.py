@@ -212,11 +212,7 @@ def module_receivers(scope: ast.AST, ctx: FileContext | None = None) -> frozense
     if ctx is not None and not _names_module_method(ctx, scope):
         return frozenset()
     found: set[str] = set()
-    todo: list[ast.AST] = list(getattr(scope, "body", ()))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            continue
+    for node in own_code(getattr(scope, "body", ())):
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -225,8 +221,19 @@ def module_receivers(scope: ast.AST, ctx: FileContext | None = None) -> frozense
             key = dotted(node.func.value)
             if key is not None:
                 found.add(key)
-        todo.extend(iter_children(node))
     return frozenset(found)
+
+
+def own_code(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
+    """The nodes of `body` that run with it: not those inside the functions, classes
+    and lambdas it defines (in no particular order)."""
+    todo: list[ast.AST] = list(body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        yield node
+        todo.extend(iter_children(node))
 
 
 def _names_module_method(ctx: FileContext, scope: ast.AST) -> bool:

@@ -4,7 +4,7 @@ import ast
 import re
 from typing import TYPE_CHECKING, ClassVar
 
-from torchdoctor.check.analysis.device_choice import DeviceChoice
+from torchdoctor.check.analysis.device_choice import device_reason
 from torchdoctor.check.analysis.gpu_gates import (
     always_run_calls,
     calls_cuda_only,
@@ -164,7 +164,6 @@ class HardcodedCuda(Rule):
         )
         self._cuda_only_blocks: dict[int, bool] = {}
         self._gated: bool | None = None
-        self._device_choice: DeviceChoice | None = None
         self._gated_classes: set[str] | None = None
         # Without a "cuda" / 'cuda:0' string, only `.cuda()` calls can be reported.
         self._literals = '"cuda' in ctx.source or "'cuda" in ctx.source
@@ -207,9 +206,7 @@ class HardcodedCuda(Rule):
             return
         if culprit is None or self._guarded(node):
             return
-        if self._device_choice is None:
-            self._device_choice = DeviceChoice(self.ctx)
-        reason = self._device_choice.reason([*self.ctx.stack, node], node)
+        reason = device_reason(self.ctx, [*self.ctx.stack, node], node)
         if self.reports(reason):
             self.report(culprit, message if reason is None else f"{message}: {reason}", hint=_HINT)
 

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.syntax import own_code
 from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch, Place
 from torchdoctor.check.rule import Rule, Severity
@@ -255,16 +256,7 @@ def _first_input(func: AnyFunction) -> str:
 def _runs_here(ff: FileFlow, cls: ast.ClassDef) -> bool:
     """Whether the file's own top-level code (a script, its `__main__` block) builds the
     module class it defines (`model = Net()`); not a layer other classes build."""
-    stack: list[ast.AST] = list(ff.ctx.tree.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            continue
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == cls.name
-        ):
-            return True
-        stack.extend(ast.iter_child_nodes(node))
-    return False
+    return any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == cls.name
+        for node in own_code(ff.ctx.tree.body)
+    )
