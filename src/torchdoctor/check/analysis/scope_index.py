@@ -7,24 +7,31 @@ the pickling `Finder`).
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from torchdoctor.check.context import FileContext, child_fields, iter_children
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
+@dataclass
+class _Scopes:
+    nodes: dict[int, list[ast.AST]]  # id(scope) -> its own nodes
+    inner: list[ast.AST]  # every function and class of the file
+
+
 def own_nodes(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
     """The nodes of `scope`, not those of the functions and classes defined inside it
     (operators and contexts such as `Load` left out: no caller looks for them)."""
-    return ctx.shared("scope_index.own_nodes", _own_nodes_of_every_scope)[id(scope)]
+    return ctx.shared("scope_index.scopes", _every_scope).nodes[id(scope)]
 
 
-def _own_nodes_of_every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
-    """id(scope) -> its own nodes, for every scope of the file, in one depth-first pass
-    (each scope's nodes in the order a walk of that scope alone would give)."""
+def _every_scope(ctx: FileContext) -> _Scopes:
+    """Every scope of the file and its own nodes, in one depth-first pass (each scope's
+    nodes in the order a walk of that scope alone would give)."""
     table = child_fields(want_operators=False)
     found: dict[int, list[ast.AST]] = {id(ctx.tree): []}
-    scopes: list[ast.AST] = ctx.shared("scope_index.scopes", _no_scopes)
+    scopes: list[ast.AST] = []
     todo: list[tuple[ast.AST, list[ast.AST]]] = [
         (child, found[id(ctx.tree)]) for child in iter_children(ctx.tree, operators=False)
     ]
@@ -44,11 +51,7 @@ def _own_nodes_of_every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
                 todo.extend((item, owner) for item in value if isinstance(item, ast.AST))
             elif isinstance(value, ast.AST):
                 todo.append((value, owner))
-    return found
-
-
-def _no_scopes(_: FileContext) -> list[ast.AST]:
-    return []  # filled by _own_nodes_of_every_scope: every scope below the module
+    return _Scopes(found, scopes)
 
 
 def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
@@ -61,8 +64,7 @@ def scoped_calls(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
     it is written in (one pass per file, shared by the rules that ask)."""
 
     def build(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
-        own_nodes(ctx, ctx.tree)  # the one pass that finds every scope
-        scopes = ctx.shared("scope_index.scopes", _no_scopes)
+        scopes = ctx.shared("scope_index.scopes", _every_scope).inner
         functions = [s for s in scopes if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)]
         functions.sort(key=lambda f: (f.lineno, f.col_offset))  # source order, as a walk
         return [(scope, call) for scope in [ctx.tree, *functions] for call in own_calls(ctx, scope)]
