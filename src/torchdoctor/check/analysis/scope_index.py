@@ -1,13 +1,13 @@
 """Each scope's own nodes: what a module or function holds outside the functions and
 classes defined inside it, built in one pass per file and shared by the rules that
-look at calls or assignments scope by scope (TD113, TD216, TD405, TD406, TD503, and
-the pickling `Finder`).
+look at calls or assignments scope by scope (TD216, TD406, TD503, and the pickling
+`Finder`); and the calls, with their scopes, of just the lines that hold a word
+(`calls_on_lines`: TD113, TD405), which leaves the rest of the tree unvisited.
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
 from torchdoctor.check.context import (
     FileContext,
@@ -20,24 +20,17 @@ from torchdoctor.check.context import (
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-@dataclass
-class _Scopes:
-    nodes: dict[int, list[ast.AST]]  # id(scope) -> its own nodes
-    inner: list[ast.AST]  # every function and class of the file
-
-
 def own_nodes(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
     """The nodes of `scope`, not those of the functions and classes defined inside it
     (operators and contexts such as `Load` left out: no caller looks for them)."""
-    return ctx.shared("scope_index.scopes", _every_scope).nodes[id(scope)]
+    return ctx.shared("scope_index.scopes", _every_scope)[id(scope)]
 
 
-def _every_scope(ctx: FileContext) -> _Scopes:
-    """Every scope of the file and its own nodes, in one depth-first pass (each scope's
-    nodes in the order a walk of that scope alone would give)."""
+def _every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
+    """id(scope) -> its own nodes, for every scope of the file, in one depth-first
+    pass (each scope's nodes in the order a walk of that scope alone would give)."""
     table = child_fields(want_operators=False)
     found: dict[int, list[ast.AST]] = {id(ctx.tree): []}
-    scopes: list[ast.AST] = []
     todo: list[tuple[ast.AST, list[ast.AST]]] = [
         (child, found[id(ctx.tree)]) for child in iter_children(ctx.tree, operators=False)
     ]
@@ -46,7 +39,6 @@ def _every_scope(ctx: FileContext) -> _Scopes:
         owner.append(node)
         if isinstance(node, _SCOPES):
             owner = found[id(node)] = []
-            scopes.append(node)
         fields = table.get(node.__class__)
         if fields is None:
             todo.extend((c, owner) for c in iter_children(node, operators=False))
@@ -57,7 +49,7 @@ def _every_scope(ctx: FileContext) -> _Scopes:
                 todo.extend((item, owner) for item in value if isinstance(item, ast.AST))
             elif isinstance(value, ast.AST):
                 todo.append((value, owner))
-    return _Scopes(found, scopes)
+    return found
 
 
 def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
@@ -65,23 +57,12 @@ def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
     return [n for n in own_nodes(ctx, scope) if isinstance(n, ast.Call)]
 
 
-def scoped_calls(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
-    """(scope, call) for every call of the file, its scope the module or the function
-    it is written in (one pass per file, shared by the rules that ask)."""
-
-    def build(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
-        scopes = ctx.shared("scope_index.scopes", _every_scope).inner
-        functions = [s for s in scopes if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)]
-        functions.sort(key=lambda f: (f.lineno, f.col_offset))  # source order, as a walk
-        return [(scope, call) for scope in [ctx.tree, *functions] for call in own_calls(ctx, scope)]
-
-    return ctx.shared("scope_index.scoped_calls", build)
-
-
 def calls_on_lines(ctx: FileContext, lines: list[int]) -> list[tuple[ast.AST, ast.Call]]:
-    """The `scoped_calls` of the statements that span one of `lines` (ascending), in
-    the same order, without building the whole file's table: for a rule whose calls
-    hold a word (`lines = ctx.lines_holding(words)`); the rest of the tree is skipped."""
+    """(scope, call) for each call of the statements that span one of `lines`
+    (ascending), its scope the module or the function it is written in (calls of a
+    class body itself are left out); module scope first, then functions in source
+    order. For a rule whose calls hold a word (`lines = ctx.lines_holding(words)`):
+    the rest of the tree is never visited."""
     found: list[tuple[ast.AST, ast.Call]] = []
     _calls_of(ctx.tree, ctx.tree, lines, found)
     rank = {id(ctx.tree): (0, 0)}
@@ -96,7 +77,7 @@ def _calls_of(
     node: ast.AST, scope: ast.AST | None, lines: list[int], out: list[tuple[ast.AST, ast.Call]]
 ) -> None:
     """The calls under `node` on `lines`, each with its module or function scope (None:
-    a class body, whose own calls `scoped_calls` leaves out too)."""
+    a class body, whose own calls are left out)."""
     for _, value in ast.iter_fields(node):
         parts = value if value.__class__ is list else [value]
         for part in parts:
