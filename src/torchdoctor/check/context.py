@@ -208,6 +208,23 @@ def spans_a_line(stmt: ast.stmt, lines: list[int]) -> bool:
     return at < len(lines) and lines[at] <= (stmt.end_lineno or stmt.lineno)
 
 
+def walk_lines(node: ast.AST, lines: list[int]) -> Iterator[ast.AST]:
+    """The nodes of `node`'s statements that span one of `lines` (ascending): a compound
+    statement's own parts when it spans one, and of its bodies only such statements; the
+    rest of the tree is never visited."""
+    for _, value in ast.iter_fields(node):
+        if value.__class__ is list and value and isinstance(value[0], ast.stmt):
+            for stmt in value:
+                if spans_a_line(stmt, lines):
+                    yield stmt
+                    yield from walk_lines(stmt, lines)
+        elif isinstance(node, ast.stmt):
+            parts = value if value.__class__ is list else [value]
+            for part in parts:
+                if isinstance(part, ast.AST):
+                    yield from walk(part)
+
+
 @functools.cache
 def _last_names(names: frozenset[str]) -> frozenset[str]:
     """`torch.save` -> `save`: what an attribute call of one of `names` ends with."""

@@ -9,7 +9,13 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from torchdoctor.check.context import FileContext, child_fields, iter_children
+from torchdoctor.check.context import (
+    FileContext,
+    child_fields,
+    iter_children,
+    spans_a_line,
+    walk,
+)
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -70,6 +76,43 @@ def scoped_calls(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
         return [(scope, call) for scope in [ctx.tree, *functions] for call in own_calls(ctx, scope)]
 
     return ctx.shared("scope_index.scoped_calls", build)
+
+
+def calls_on_lines(ctx: FileContext, lines: list[int]) -> list[tuple[ast.AST, ast.Call]]:
+    """The `scoped_calls` of the statements that span one of `lines` (ascending), in
+    the same order, without building the whole file's table: for a rule whose calls
+    hold a word (`lines = ctx.lines_holding(words)`); the rest of the tree is skipped."""
+    found: list[tuple[ast.AST, ast.Call]] = []
+    _calls_of(ctx.tree, ctx.tree, lines, found)
+    rank = {id(ctx.tree): (0, 0)}
+    for scope, _ in found:
+        if scope is not ctx.tree:
+            rank[id(scope)] = (scope.lineno, scope.col_offset)  # type: ignore[attr-defined]
+    found.sort(key=lambda item: (rank[id(item[0])], item[1].lineno, item[1].col_offset))
+    return found
+
+
+def _calls_of(
+    node: ast.AST, scope: ast.AST | None, lines: list[int], out: list[tuple[ast.AST, ast.Call]]
+) -> None:
+    """The calls under `node` on `lines`, each with its module or function scope (None:
+    a class body, whose own calls `scoped_calls` leaves out too)."""
+    for _, value in ast.iter_fields(node):
+        parts = value if value.__class__ is list else [value]
+        for part in parts:
+            if isinstance(part, ast.stmt):
+                if not spans_a_line(part, lines):
+                    continue
+                if isinstance(part, ast.FunctionDef | ast.AsyncFunctionDef):
+                    _calls_of(part, part, lines, out)  # its decorators and defaults too
+                elif isinstance(part, ast.ClassDef):
+                    _calls_of(part, None, lines, out)
+                else:
+                    _calls_of(part, scope, lines, out)
+            elif isinstance(part, ast.excepthandler | ast.match_case):
+                _calls_of(part, scope, lines, out)
+            elif isinstance(part, ast.AST) and scope is not None:
+                out.extend((scope, n) for n in walk(part) if isinstance(n, ast.Call))
 
 
 def assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign | ast.AnnAssign]]:
