@@ -145,6 +145,11 @@ class ProjectIndex:
     # TD204 asks whether another file may zero around a step method it calls
     # (analysis/project_facts.zeroing_calls).
     zeroing_calls: frozenset[str] = frozenset()
+    # Class name -> (parameter, its position after `self` (-1: keyword-only), the CUDA
+    # literal, file, line) for a class defined once in the project whose `__init__`
+    # takes a device that defaults to CUDA (`device="cuda"`) and uses it
+    # (analysis/dropped_device.py; TD101 asks at calls that leave it out).
+    cuda_defaults: dict[str, tuple[str, int, str, str, int]] = field(default_factory=dict)
     # Every checked file's path (imports are resolved against them).
     paths: frozenset[str] = frozenset()
 
@@ -200,6 +205,8 @@ class ProjectIndex:
             text += "\ngeneric:" + self.generic_digest
         if self.wrapped_arguments:
             text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
+        if self.cuda_defaults:
+            text += "\ncuda-defaults:" + repr(sorted(self.cuda_defaults.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
         if self.call_facts:  # and whenever the cross-file call facts change
