@@ -102,6 +102,10 @@ class ProjectIndex:
     # TD204 asks whether another file may zero around a step method it calls
     # (analysis/project_facts.zeroing_calls).
     zeroing_calls: frozenset[str] = frozenset()
+    # Calls of the project that pickle a whole module: (where "path:line", the call's
+    # text, the module class or "" when the code does not show which)
+    # (analysis/module_pickles.py; TD405 asks in files that pickle nothing themselves).
+    module_pickles: tuple[tuple[str, str, str], ...] = ()
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -144,6 +148,8 @@ class ProjectIndex:
             text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
+        if self.module_pickles:
+            text += "\npickles:" + repr(self.module_pickles)
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
+from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Passed, Value
 from torchdoctor.check.analysis.wraps import wrapped_arguments
 from torchdoctor.check.context import FileContext
@@ -240,6 +241,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     candidates: list[tuple[str, str]] = []
     wrapping: list[tuple[str, str]] = []  # files that may hand a wrapped model on
     generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`
+    pickling: list[tuple[str, str]] = []  # files that may pickle a whole module
     moving: set[str] = set()
     extensions: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
@@ -266,6 +268,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             wrapping.append((path, source))
         if builds_generic(source):
             generic.append((path, source))
+        if may_pickle_modules(source):
+            pickling.append((path, source))
     index.moving_classes = frozenset(moving)
     index.cuda_extensions = frozenset(extensions)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
@@ -276,6 +280,10 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         index.wrapped_arguments = _wrapped_arguments(index, wrapping)
     if generic:
         index.generic_arguments = generic_arguments(index, generic)
+    if pickling and count > 1:  # a lone file sees its own pickles
+        index.module_pickles = tuple(
+            site for ctx in _contexts(index, pickling) for site in project_pickles(ctx)
+        )
     return index
 
 
