@@ -32,9 +32,11 @@ _MODEL_NAME = re.compile(
 # (`torch.save(model, ...)`, `pickle.dump(net.cpu(), f)`): the files worth parsing for
 # the project's facts (a state dict, a dict or a call result is no whole module).
 _PICKLE_TEXT = re.compile(
-    r"(?:save|dumps?)\(\s*[A-Za-z_]\w*(?:\.module)?(?:\.(?:cpu|to|cuda|eval|train|half|float)"
+    r"(?:torch\.save|pickle\.dumps?)\(\s*([A-Za-z_]\w*)(?:\.module)?(?:\.(?:cpu|to|cuda|eval|train|half|float)"
     r"\([^()]*\))?\s*[,)]"
 )
+# First arguments named as plain data (`torch.save(checkpoint, path)`): not worth a parse.
+_DATA_NAME = re.compile(r"state|dict|ckpt?|checkpoint|data|optim|embed|feature|tensor|meta", re.I)
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,9 @@ def _module_pickles(ctx: FileContext) -> list[ModulePickle]:
 
 def may_pickle_modules(source: str) -> bool:
     """Whether the text may pickle a whole module (a cheap gate before parsing)."""
-    return ("save(" in source or "dump" in source) and _PICKLE_TEXT.search(source) is not None
+    if "torch.save(" not in source and "pickle.dump" not in source:
+        return False
+    return any(not _DATA_NAME.search(m.group(1)) for m in _PICKLE_TEXT.finditer(source))
 
 
 def project_pickles(ctx: FileContext) -> list[tuple[str, str, str]]:
