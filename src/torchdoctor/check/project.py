@@ -16,6 +16,8 @@ from torchdoctor.check.lines import as_lf
 
 # `class Name(bases...)`: bases may span lines; nested brackets are rare in bases.
 CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^()]*)\)", re.MULTILINE)
+# The same, or a class with no bases (`class Record:`): every class the project defines.
+_ANY_CLASS = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^()]*)\)|:)", re.MULTILINE)
 
 # Base classes from torch and its ecosystem that make a class a module.
 KNOWN_MODULE_BASES = frozenset(
@@ -41,13 +43,14 @@ def _base_is_torch_module(base: str) -> bool:
 
 
 def scan_classes(source: str) -> dict[str, list[str]]:
-    """Class name -> base expressions (as text) for every class header in `source`."""
+    """Class name -> base expressions (as text) for every class header in `source`
+    (no bases: an empty list)."""
     found: dict[str, list[str]] = {}
     if "class" not in source:
         return found
-    for match in CLASS_HEADER.finditer(as_lf(source)):
+    for match in _ANY_CLASS.finditer(as_lf(source)):
         bases = []
-        for part in match.group(2).split(","):
+        for part in (match.group(2) or "").split(","):
             part = part.strip()
             if part and "=" not in part:  # skip metaclass=..., other keywords
                 bases.append(part.split("[", 1)[0].strip())
