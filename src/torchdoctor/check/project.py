@@ -106,9 +106,10 @@ class ProjectIndex:
     # (analysis/project_facts.zeroing_calls).
     zeroing_calls: frozenset[str] = frozenset()
     # Calls of the project that pickle a whole module: (where "path:line", the call's
-    # text, the module class or "" when the code does not show which)
-    # (analysis/module_pickles.py; TD405 asks in files that pickle nothing themselves).
-    module_pickles: tuple[tuple[str, str, str], ...] = ()
+    # text, the module class or "" when the code does not show which, the top-level
+    # names its file imports) (analysis/module_pickles.py; TD405 asks in files that
+    # pickle nothing themselves).
+    module_pickles: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""

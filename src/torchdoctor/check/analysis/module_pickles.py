@@ -12,6 +12,7 @@ named `model`, `registry[name](...)`): then any model of the project may be the 
 from __future__ import annotations
 
 import ast
+import os
 import re
 from dataclasses import dataclass
 
@@ -72,12 +73,37 @@ def may_pickle_modules(source: str) -> bool:
     return any(not _DATA_NAME.search(m.group(1)) for m in _PICKLE_TEXT.finditer(source))
 
 
-def project_pickles(ctx: FileContext) -> list[tuple[str, str, str]]:
-    """(where "path:line", the call's text, the class or "") of this file's module pickles."""
+def project_pickles(ctx: FileContext) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """(where "path:line", the call's text, the class or "", the top-level names the file
+    imports) of this file's module pickles: the pickled model is built from the files of
+    its folder and of the packages it imports (`reaches`)."""
+    found = module_pickles(ctx)
+    if not found:
+        return []
+    imported = tuple(sorted({target.split(".", 1)[0] for target in ctx.imports.values()} - {""}))
     return [
-        (f"{ctx.path}:{p.call.lineno}", ctx.segment(p.call)[:60], p.cls)
-        for p in module_pickles(ctx)
+        (f"{ctx.path}:{p.call.lineno}", ctx.segment(p.call)[:60], p.cls, imported) for p in found
     ]
+
+
+def reaches(site: str, imported: tuple[str, ...], path: str) -> bool:
+    """Whether the program of the pickle at file `site` may use the file `path`: one
+    in the site's folder (or below), or in a package it imports by name, a folder beside
+    one of the site's folders (`tests/test_save.py` importing `zoo` uses `zoo/...`). A
+    folder of unrelated examples (`a/train.py`, `b/net.py`) is another program."""
+    if not site:
+        return False  # a text with no path: where it lies is unknown
+    here = os.path.dirname(os.path.abspath(site))
+    target = os.path.abspath(path)
+    if target.startswith(here + os.sep):
+        return True
+    parts = target.split(os.sep)
+    for i, part in enumerate(parts[:-1]):
+        if part in imported:
+            parent = os.sep.join(parts[:i])
+            if here == parent or here.startswith(parent + os.sep):
+                return True
+    return False
 
 
 def _module_class(

@@ -5,7 +5,7 @@ import os
 from collections.abc import Callable
 from typing import ClassVar
 
-from torchdoctor.check.analysis.module_pickles import module_pickles
+from torchdoctor.check.analysis.module_pickles import module_pickles, reaches
 from torchdoctor.check.analysis.scope_index import scoped_calls
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
@@ -126,12 +126,14 @@ class UnpicklableModuleAttribute(Rule):
     def _project_pickles(self) -> dict[str, str]:
         """Module class ("" for any) -> why, from the whole-module pickles of the project's
         other files: a pickled `Net()` is a `Net`; a pickled module of a class the code
-        does not show (a `model` parameter, `registry[name](...)`) may be any model of
-        the project, so a lambda stored on any of them breaks that save."""
+        does not show (a `model` parameter, `registry[name](...)`) may be any model the
+        saving program uses, so a lambda stored on any of them breaks that save. Only
+        pickles whose program reaches this file count (`reaches`: the saving file's
+        folder and the packages it imports; not a sibling example's folder)."""
         found: dict[str, str] = {}
-        for where, text, cls in self.ctx.project.module_pickles:
+        for where, text, cls, imported in self.ctx.project.module_pickles:
             path, _, line = where.rpartition(":")
-            if path == self.ctx.path:
+            if path == self.ctx.path or not reaches(path, imported, self.ctx.path):
                 continue
             place = f"`{text}` ({self._relative(path)} line {line})"
             found.setdefault(
