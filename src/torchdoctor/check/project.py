@@ -110,6 +110,10 @@ class ProjectIndex:
     # names its file imports) (analysis/module_pickles.py; TD405 asks in files that
     # pickle nothing themselves).
     module_pickles: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
+    # Module-level function name -> "path:line" where it registers gradient hooks that
+    # clamp or clip each gradient (analysis/grad_hooks.py; TD606 asks where a GradScaler
+    # scales the gradients those hooks see).
+    clamping_hooks: dict[str, str] = field(default_factory=dict)
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -152,6 +156,8 @@ class ProjectIndex:
             text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
+        if self.clamping_hooks:
+            text += "\nclamping:" + repr(sorted(self.clamping_hooks.items()))
         if self.module_pickles:
             text += "\npickles:" + repr(self.module_pickles)
         if self.call_facts:  # and whenever the cross-file call facts change

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
+from torchdoctor.check.analysis.grad_hooks import clamping_hooks, may_register_clamps
 from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Passed, Value
 from torchdoctor.check.analysis.wraps import wrapped_arguments
@@ -270,6 +271,9 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             generic.append((path, source))
         if may_pickle_modules(source):
             pickling.append((path, source))
+        if may_register_clamps(source):
+            for name, where in clamping_hooks(path, source).items():
+                index.clamping_hooks.setdefault(name, where)
     index.moving_classes = frozenset(moving)
     index.cuda_extensions = frozenset(extensions)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
