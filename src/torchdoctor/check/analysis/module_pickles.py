@@ -16,7 +16,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from torchdoctor.check.analysis.scope_index import assignments, scoped_calls
+from torchdoctor.check.analysis.scope_index import assignments, calls_on_lines
 from torchdoctor.check.context import FileContext
 
 _PICKLES = frozenset({"pickle.dump", "pickle.dumps", "torch.save", "torch.serialization.save"})
@@ -55,7 +55,8 @@ def _module_pickles(ctx: FileContext) -> list[ModulePickle]:
     if not any(f"{last}(" in ctx.source for last in _PICKLE_NAMES):
         return []  # cheap first: most files pickle nothing
     found = []
-    for scope, call in scoped_calls(ctx):
+    lines = ctx.lines_holding([f"{last}(" for last in _PICKLE_NAMES])
+    for scope, call in calls_on_lines(ctx, lines):
         func = call.func
         last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
         if not (call.args and last in _PICKLE_NAMES and (ctx.qualname(func) or "") in _PICKLES):

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from torchdoctor.check.analysis.module_pickles import module_pickles, reaches
-from torchdoctor.check.analysis.scope_index import scoped_calls
+from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder, Unpicklable
@@ -186,7 +186,7 @@ class UnpicklableModuleAttribute(Rule):
         init = next(m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__")
         positional = [a.arg for a in init.args.args[1:]]
         names = _inheriting(self.ctx.tree, cls)
-        for scope, call in scoped_calls(self.ctx):
+        for scope, call in calls_on_lines(self.ctx, self.ctx.lines_holding(sorted(names))):
             if not (isinstance(call.func, ast.Name) and call.func.id in names):
                 continue
             finder = Finder(self.ctx, scope)
