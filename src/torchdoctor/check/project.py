@@ -17,6 +17,8 @@ from torchdoctor.check.lines import as_lf
 
 # `class Name(bases...)`: bases may span lines; nested brackets are rare in bases.
 CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^()]*)\)", re.MULTILINE)
+# The same, or a class with no bases (`class Record:`): every class the project defines.
+_ANY_CLASS = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^()]*)\)|:)", re.MULTILINE)
 
 # Base classes from torch and its ecosystem that make a class a module.
 KNOWN_MODULE_BASES = frozenset(
@@ -42,13 +44,14 @@ def _base_is_torch_module(base: str) -> bool:
 
 
 def scan_classes(source: str) -> dict[str, list[str]]:
-    """Class name -> base expressions (as text) for every class header in `source`."""
+    """Class name -> base expressions (as text) for every class header in `source`
+    (no bases: an empty list)."""
     found: dict[str, list[str]] = {}
     if "class" not in source:
         return found
-    for match in CLASS_HEADER.finditer(as_lf(source)):
+    for match in _ANY_CLASS.finditer(as_lf(source)):
         bases = []
-        for part in match.group(2).split(","):
+        for part in (match.group(2) or "").split(","):
             part = part.strip()
             if part and "=" not in part:  # skip metaclass=..., other keywords
                 bases.append(part.split("[", 1)[0].strip())
@@ -150,6 +153,15 @@ class ProjectIndex:
     # takes a device that defaults to CUDA (`device="cuda"`) and uses it
     # (analysis/dropped_device.py; TD101 asks at calls that leave it out).
     cuda_defaults: dict[str, tuple[str, int, str, str, int]] = field(default_factory=dict)
+    # Calls of the project that pickle a whole module: (where "path:line", the call's
+    # text, the module class or "" when the code does not show which, the top-level
+    # names its file imports) (analysis/module_pickles.py; TD405 asks in files that
+    # pickle nothing themselves).
+    module_pickles: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
+    # Module-level function name -> "path:line" where it registers gradient hooks that
+    # clamp or clip each gradient (analysis/grad_hooks.py; TD606 asks where a GradScaler
+    # scales the gradients those hooks see).
+    clamping_hooks: dict[str, str] = field(default_factory=dict)
     # Every checked file's path (imports are resolved against them).
     paths: frozenset[str] = frozenset()
 
@@ -209,6 +221,10 @@ class ProjectIndex:
             text += "\ncuda-defaults:" + repr(sorted(self.cuda_defaults.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
+        if self.clamping_hooks:
+            text += "\nclamping:" + repr(sorted(self.clamping_hooks.items()))
+        if self.module_pickles:
+            text += "\npickles:" + repr(self.module_pickles)
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator
 from torchdoctor.check.analysis.dropped_device import CudaDefault, cuda_default_classes
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
+from torchdoctor.check.analysis.grad_hooks import clamping_hooks, may_register_clamps
+from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Passed, Value
 from torchdoctor.check.analysis.wraps import wrapped_arguments
 from torchdoctor.check.context import FileContext, walk_lines
@@ -249,6 +251,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     candidates: list[tuple[str, str]] = []
     wrapping: list[tuple[str, str]] = []  # files that may hand a wrapped model on
     generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`
+    pickling: list[tuple[str, str]] = []  # files that may pickle a whole module
     moving: set[str] = set()
     extensions: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
@@ -279,6 +282,11 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             wrapping.append((path, source))
         if builds_generic(source):
             generic.append((path, source))
+        if may_pickle_modules(source):
+            pickling.append((path, source))
+        if may_register_clamps(source):
+            for name, where in clamping_hooks(path, source).items():
+                index.clamping_hooks.setdefault(name, where)
     index.paths = frozenset(paths)
     index.moving_classes = frozenset(moving)
     index.cuda_extensions = frozenset(extensions)
@@ -295,6 +303,10 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         index.generic_build = functools.partial(generic_arguments, names, tuple(generic))
         text = "\n".join(sorted(names)) + "".join(f"\0{p}\0{s}" for p, s in generic)
         index.generic_digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+    if pickling and count > 1:  # a lone file sees its own pickles
+        index.module_pickles = tuple(
+            site for ctx in _contexts(index, pickling) for site in project_pickles(ctx)
+        )
     return index
 
 

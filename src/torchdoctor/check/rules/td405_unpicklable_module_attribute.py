@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import ast
-import re
+import os
 from collections.abc import Callable
 from typing import ClassVar
 
+from torchdoctor.check.analysis.module_pickles import module_pickles, reaches
 from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
@@ -12,15 +13,6 @@ from torchdoctor.check.rules._unpicklable import Finder, Unpicklable
 
 # Methods by which a class controls how pickle stores its objects.
 _PICKLE_HOOKS = frozenset({"__getstate__", "__setstate__", "__reduce__", "__reduce_ex__"})
-_MODULE_METHODS = frozenset({"cpu", "to", "cuda", "eval", "train", "half", "float"})
-_PICKLES = frozenset({"pickle.dump", "pickle.dumps", "torch.save", "torch.serialization.save"})
-_PICKLE_NAMES = frozenset(name.rsplit(".", 1)[-1] for name in _PICKLES)
-# Names that, in PyTorch code, mean a module when nothing else is known (as TD401).
-_MODEL_NAME = re.compile(
-    r"(model|net|network|generator|discriminator|encoder|decoder|classifier|backbone)"
-    r"|\w*_(model|net)",
-    re.IGNORECASE,
-)
 
 
 class UnpicklableModuleAttribute(Rule):
@@ -86,20 +78,25 @@ class UnpicklableModuleAttribute(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("lambda",)
 
     def finish(self) -> None:
-        saved = self._pickled_module()
+        saved = next(iter(module_pickles(self.ctx)), None)
         families = self._pickled_families()
-        if saved is None and not families:
+        elsewhere = self._project_pickles() if saved is None else {}
+        if saved is None and not families and not elsewhere:
             return
         for cls in walk(self.ctx.tree):
             if not isinstance(cls, ast.ClassDef):
                 continue
             if saved is not None and self.ctx.is_module_class(cls):
                 why = (
-                    f"`{self.ctx.segment(saved.func)}` at line {saved.lineno} pickles the "
-                    "whole module"
+                    f"`{self.ctx.segment(saved.call.func)}` at line {saved.call.lineno} "
+                    "pickles the whole module"
                 )
             elif cls.name in families:
                 why = families[cls.name]
+            elif elsewhere and self.ctx.is_module_class(cls):
+                why = elsewhere.get(cls.name) or elsewhere.get("", "")
+                if not why:
+                    continue
             else:
                 continue
             stored_params: dict[str, str] = {}  # constructor parameter -> attribute
@@ -125,6 +122,33 @@ class UnpicklableModuleAttribute(Rule):
                         stored_params[node.value.id] = attr
             if stored_params:
                 self._constructor_arguments(cls, stored_params, why)
+
+    def _project_pickles(self) -> dict[str, str]:
+        """Module class ("" for any) -> why, from the whole-module pickles of the project's
+        other files: a pickled `Net()` is a `Net`; a pickled module of a class the code
+        does not show (a `model` parameter, `registry[name](...)`) may be any model the
+        saving program uses, so a lambda stored on any of them breaks that save. Only
+        pickles whose program reaches this file count (`reaches`: the saving file's
+        folder and the packages it imports; not a sibling example's folder)."""
+        found: dict[str, str] = {}
+        for where, text, cls, imported in self.ctx.project.module_pickles:
+            path, _, line = where.rpartition(":")
+            if path == self.ctx.path or not reaches(path, imported, self.ctx.path):
+                continue
+            place = f"`{text}` ({self._relative(path)} line {line})"
+            found.setdefault(
+                cls,
+                f"{place} pickles `{cls}` modules whole"
+                if cls
+                else f"{place} pickles whole models of this project",
+            )
+        return found
+
+    def _relative(self, path: str) -> str:
+        root = self.ctx.project.root
+        if root and os.path.abspath(path).startswith(os.path.abspath(root) + os.sep):
+            return os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+        return path
 
     def _pickled_families(self) -> dict[str, str]:
         """Classes of this file whose objects the file shows are pickled: a class that
@@ -157,65 +181,20 @@ class UnpicklableModuleAttribute(Rule):
         return found
 
     def _constructor_arguments(self, cls: ast.ClassDef, stored: dict[str, str], why: str) -> None:
-        """Lambdas given to `cls(...)` for a parameter that `__init__` stores on self."""
+        """Lambdas given to `cls(...)` for a parameter that `__init__` stores on self, or
+        to the constructor of a subclass of the file that inherits that `__init__`."""
         init = next(m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__")
         positional = [a.arg for a in init.args.args[1:]]
-        for scope, call in calls_on_lines(self.ctx, self.ctx.lines_holding([cls.name])):
-            if not (isinstance(call.func, ast.Name) and call.func.id == cls.name):
+        names = _inheriting(self.ctx.tree, cls)
+        for scope, call in calls_on_lines(self.ctx, self.ctx.lines_holding(sorted(names))):
+            if not (isinstance(call.func, ast.Name) and call.func.id in names):
                 continue
             finder = Finder(self.ctx, scope)
             given = dict(zip(positional, call.args, strict=False))
             given.update({k.arg: k.value for k in call.keywords if k.arg})
             for param, attr in stored.items():
                 for u in finder.find(given.get(param), call.lineno, depth=1):
-                    self._report(u, f"`self.{attr}` of `{cls.name}`", why)
-
-    def _pickled_module(self) -> ast.Call | None:
-        """A call in this file that pickles a whole module, if any."""
-        if not any(f"{last}(" in self.ctx.source for last in _PICKLE_NAMES):
-            return None  # cheap first: most files with a lambda pickle nothing
-        lines = self.ctx.lines_holding([f"{last}(" for last in _PICKLE_NAMES])
-        for scope, call in calls_on_lines(self.ctx, lines):
-            func = call.func
-            last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if (
-                call.args
-                and last in _PICKLE_NAMES
-                and (self.ctx.qualname(func) or "") in _PICKLES
-                and self._is_module(call.args[0], scope, call.lineno)
-            ):
-                return call
-        return None
-
-    def _is_module(self, obj: ast.expr, scope: ast.AST, line: int) -> bool:
-        while isinstance(obj, ast.Call) and isinstance(obj.func, ast.Attribute):
-            if obj.func.attr not in _MODULE_METHODS:
-                return False
-            obj = obj.func.value
-        if isinstance(obj, ast.Attribute) and obj.attr == "module":
-            obj = obj.value
-        if not isinstance(obj, ast.Name):
-            return False
-        if obj.id == "self":
-            return any(
-                isinstance(c, ast.ClassDef)
-                and self.ctx.is_module_class(c)
-                and any(m is scope for m in c.body)
-                for c in walk(self.ctx.tree)
-            )
-        bound = Finder(self.ctx, scope).binding(obj.id, line)
-        if bound is None:
-            return bool(_MODEL_NAME.fullmatch(obj.id))  # a parameter or a global
-        return self._is_module(bound, scope, line) or (
-            isinstance(bound, ast.Call) and self._builds_module(bound)
-        )
-
-    def _builds_module(self, call: ast.Call) -> bool:
-        name = self.ctx.qualname(call.func) or ""
-        last = name.rsplit(".", 1)[-1]
-        if not last[:1].isupper():
-            return False
-        return name.startswith("torch.nn.") or self.ctx.project.is_module_class_name(name)
+                    self._report(u, f"`self.{attr}` of `{call.func.id}`", why)
 
     def _report(self, u: Unpicklable, where: str, why: str) -> None:
         self.report(
@@ -235,6 +214,25 @@ def _project_bases(cls: ast.ClassDef, qualname: Callable[[ast.expr], str | None]
         if name and name != "object" and not name.startswith(("torch.", "typing.", "abc.")):
             found.add(name)
     return found
+
+
+def _inheriting(tree: ast.Module, cls: ast.ClassDef) -> set[str]:
+    """`cls` and the classes of the file that subclass it without their own `__init__`
+    (`class LambdaMap(LambdaBase)`): building one runs `cls.__init__`."""
+    names = {cls.name}
+    classes = [c for c in tree.body if isinstance(c, ast.ClassDef)]
+    changed = True
+    while changed:
+        changed = False
+        for sub in classes:
+            if sub.name in names or any(
+                isinstance(m, ast.FunctionDef) and m.name == "__init__" for m in sub.body
+            ):
+                continue
+            if any(isinstance(b, ast.Name) and b.id in names for b in sub.bases):
+                names.add(sub.name)
+                changed = True
+    return names
 
 
 def _self_attribute(target: ast.expr) -> str | None:

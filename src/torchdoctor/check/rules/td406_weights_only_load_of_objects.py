@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from torchdoctor.check.analysis.scope_index import own_nodes
+from torchdoctor.check.analysis.scope_index import assignments, own_nodes
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder
@@ -16,6 +16,10 @@ _SAVES = frozenset({"torch.save", "torch.serialization.save"})
 _LOADS = frozenset({"torch.load", "torch.serialization.load"})
 _MODEL_NAME = re.compile(r"model|net|network|\w*_(model|net)", re.IGNORECASE)
 _MODULE_METHODS = frozenset({"cpu", "to", "cuda", "eval", "half", "float", "module"})
+# Packages whose classes an annotation may name that are not the project's.
+_NOT_PROJECT = frozenset({"torch", "numpy", "typing", "collections", "builtins"})
+# Bases whose objects weights_only loads, or may (a tensor subclass, a typed dict).
+_DATA_BASE = re.compile(r"Tensor|Parameter|TypedDict|\bdict\b|torch\.")
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,9 @@ class WeightsOnlyLoadOfObjects(Rule):
     Finds `torch.load(...)` without `weights_only=` of a file that this file writes with
     `torch.save` holding objects other than tensors, numbers, strings and plain
     containers: a whole module, a NumPy array, an `argparse.Namespace` (`args` from
-    `parse_args()`), an instance of a class of the project. The save and the load are
+    `parse_args()`), an instance of a class of the project (built here, or a name
+    declared as one: `box: Boxed = wrap(data, Boxed)`, `Boxed` a plain class of any
+    file of the project). The save and the load are
     matched by the file expression (`torch.save(x, path)` ... `torch.load(path)`; a
     formatted name read back matches the literal names it can be: `cache / f"{split}_ds"`
     reads what `cache / "train_ds"` wrote) or by
@@ -163,6 +169,9 @@ class WeightsOnlyLoadOfObjects(Rule):
                 if cls is not None:
                     return f"a `{cls.name}` object (`self`)"
                 return None
+            declared = self._declared_class(value.id, scope, line)
+            if declared is not None:
+                return declared
             bound = Finder(self.ctx, scope).binding(value.id, line)
             if bound is not None:
                 return self._object(bound, scope, line, depth - 1)
@@ -182,6 +191,29 @@ class WeightsOnlyLoadOfObjects(Rule):
             cls = _enclosing_class(self.ctx.tree, scope)
             return self._attribute_object(cls, value.attr) if cls is not None else None
         return None
+
+    def _declared_class(self, name: str, scope: ast.AST, line: int) -> str | None:
+        """`name: Wrapper = ...` before `line`, where `Wrapper` is a plain class of the
+        project (defined in this file, or imported under its own name from outside torch,
+        and defined in some file of the project): its objects are no tensors."""
+        latest: ast.AnnAssign | None = None
+        for node in assignments(self.ctx, scope).get(name, ()):
+            if node.lineno < line and (latest is None or node.lineno > latest.lineno):
+                latest = node if isinstance(node, ast.AnnAssign) else None
+        if latest is None or not isinstance(latest.annotation, ast.Name):
+            return None
+        cls = latest.annotation.id
+        target = self.ctx.imports.get(cls)
+        if target is None and not self._is_class_of_file(cls):
+            return None
+        if target is not None and (
+            target.split(".", 1)[0] in _NOT_PROJECT or target.rsplit(".", 1)[-1] != cls
+        ):
+            return None
+        bases = self.ctx.project.bases.get(cls)
+        if bases is None or any(_DATA_BASE.search(b) for b in bases):
+            return None  # not the project's, or a tensor / a typed dict: plain data
+        return f"a `{cls}` object (`{name}: {cls}`)"
 
     def _type_argument(self, name: str, scope: ast.AST) -> str | None:
         """A parameter annotated with a type variable of its generic class (`obj: T` in

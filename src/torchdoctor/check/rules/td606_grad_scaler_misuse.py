@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+import os
 from typing import ClassVar
 
 from torchdoctor.check.analysis.events import (
@@ -13,6 +15,7 @@ from torchdoctor.check.analysis.events import (
 )
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.names import is_torch_file
+from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 
 
@@ -29,7 +32,10 @@ class GradScalerMisuse(Rule):
     - gradient clipping (`clip_grad_norm_`, `clip_grad_value_`) after
       `scaler.scale(loss).backward()` without `scaler.unscale_(optimizer)` first;
       also in an update function whose caller ran the backward: clipping, then
-      `scaler.step(optimizer)`, with no `unscale_` in the function.
+      `scaler.step(optimizer)`, with no `unscale_` in the function;
+    - gradient hooks that clamp (`p.register_hook(lambda g: g.clamp(-c, c))`, registered
+      by a function of another file of the project) in a class or function that builds
+      and steps a `GradScaler`: hooks run inside backward, on scaled gradients.
 
     ## Why is this bad?
     `scaler.scale(loss)` multiplies the loss by the scale factor -- 65536 (2**16)
@@ -73,6 +79,10 @@ class GradScalerMisuse(Rule):
     def finish(self) -> None:
         if not is_torch_file(self.ctx.source):
             return
+        if self.ctx.project.clamping_hooks and "GradScaler" in self.ctx.source:
+            for unit in self.ctx.tree.body:
+                if isinstance(unit, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                    self._clamping_hooks(unit)
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
             text = fi.text
@@ -110,6 +120,57 @@ class GradScalerMisuse(Rule):
                     "since the last update()` and the scale never adapts",
                     hint=f"call `{step.subject}.update()` right after `{step.subject}.step(...)`",
                 )
+
+    def _clamping_hooks(self, unit: ast.AST) -> None:
+        """A call of a project function that registers gradient hooks which clamp
+        (`enable_gradient_clipping(self.model, limit)`), in a class or function whose
+        gradients a `GradScaler` it builds and steps scales: the hooks run inside
+        backward, before any `unscale_`, so they clamp scaled gradients."""
+        scalers: dict[str, int] = {}  # `self._scaler` / `scaler` -> line built
+        for node in walk(unit):
+            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Call):
+                name = self.ctx.qualname(node.value.func) or ""
+                if name.rsplit(".", 1)[-1] == "GradScaler":
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    for target in targets:
+                        scalers.setdefault(self.ctx.segment(target), node.lineno)
+        stepped = {
+            self.ctx.segment(node.func.value)
+            for node in walk(unit)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "step"
+        }
+        scaler = next((s for s in scalers if s in stepped), None)
+        if scaler is None:
+            return
+        hooks = self.ctx.project.clamping_hooks
+        for node in walk(unit):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            where = hooks.get(last)
+            root = func
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if (
+                where is None
+                or not isinstance(root, ast.Name)
+                or self.ctx.imports.get(root.id, "torch").split(".", 1)[0] == "torch"
+            ):
+                continue  # only the project's function, imported (a local one is another)
+            path, _, line = where.rpartition(":")
+            self.report(
+                node,
+                f"`{self.ctx.segment(node)[:60]}` registers gradient hooks that clamp each "
+                f"gradient while backward computes it ({os.path.basename(path)} line {line}), "
+                f"and `{scaler}` (a GradScaler, line {scalers[scaler]}) scales those gradients "
+                "(65536x at the start): the limit applies to scaled values, so the hooks cut "
+                "almost every gradient far below it",
+                hint=f"clip after `{scaler}.unscale_(optimizer)` (`clip_grad_value_`, "
+                "`clip_grad_norm_`) instead of in gradient hooks",
+            )
 
     def _clip_before_scaler_step(self, events: list[Event], reported: set[int]) -> None:
         """An update step whose backward ran elsewhere (the caller's `scaler.scale(loss)
