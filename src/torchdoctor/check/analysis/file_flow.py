@@ -334,6 +334,10 @@ class FileFlow(FileIndex):
             if uses != calls:
                 return {}  # `self.m` passed around as a value: not all calls are seen
             scopes = [m for m in callers if m is not func]
+            instance_sites = self._instance_sites(func, cls, depth)
+            if instance_sites is None:
+                return {}  # `obj.m` on an object not known to be one of this class
+            sites.extend((site, 1) for site in instance_sites)
         elif _is_staticmethod(func) and f"{cls.name}.{func.name}" not in self.ctx.source:
             # `self._mask(n, m)` of a staticmethod: every argument is a parameter (calls
             # through the class name may come from elsewhere: then its callers are unseen)
@@ -377,6 +381,48 @@ class FileFlow(FileIndex):
             seeds = values if first else _join_seeds(seeds, values)
             first = False
         return {k: v for k, v in seeds.items() if v is not UNKNOWN}
+
+    # A caller that makes tensors can pass CPU ones (an object's method is called from
+    # code that need not name a device at all)
+    _INSTANCE_CALLER_WORDS = (*FileIndex.FACT_WORDS, "Tensor(", "tensor(")
+
+    def _instance_sites(
+        self, func: AnyFunction, cls: ast.ClassDef, depth: int
+    ) -> list[CallSite] | None:
+        """The calls `obj.m(...)` of method `func` on instances of the file's plain class
+        `cls` (`self.ranker = Ranker(...)` ... `self.ranker.rank(x)`); None when some
+        `.m` of the file outside the class is not one (another receiver, `obj.m` passed
+        as a value): then not every call of it is seen. Methods of modules are left to
+        `self.m` calls (they are called on parameters of every kind)."""
+        if self.is_module_class(cls) or self.classes.get(cls.name) is not cls:
+            return []
+        if f".{func.name}" not in self.ctx.source:
+            return []
+        use = re.compile(rf"\.{re.escape(func.name)}\b")
+        line_of = self.ctx.line_of_offset
+        lines = [
+            line
+            for line in (line_of(m.start()) for m in use.finditer(self.ctx.source))
+            if not self._inside(cls, line)
+        ]
+        outside = len(lines)
+        if not outside:
+            return []  # used inside the class only
+        scopes = self.scopes_at(lines)
+        if any(not self.mentions(s, *self._INSTANCE_CALLER_WORDS) for s in scopes):
+            return []  # an uninformative caller: the join would be unknown anyway
+        found: dict[ast.Call, CallSite] = {}
+        callee = f"{cls.name}.{func.name}"
+        for scope_node in scopes:
+            caller = self.scope(scope_node, depth=depth + 1)
+            for site in caller.calls:
+                if site.callee == callee:
+                    found.setdefault(site.call, site)
+        return list(found.values()) if len(found) == outside else None
+
+    @staticmethod
+    def _inside(node: ast.ClassDef, line: int) -> bool:
+        return node.lineno <= line <= (node.end_lineno or node.lineno)
 
     def project_call_facts(self, callee: str) -> list[Env]:
         """Parameter values of `callee` at call sites in other files (project index)."""

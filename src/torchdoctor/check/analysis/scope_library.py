@@ -320,7 +320,7 @@ class ScopeLibrary(ScopeExprs):
         return result
 
     def _factory(self, node: ast.Call, qual: str, last: str) -> Value:
-        place = Place.CPU
+        place = Place.UNKNOWN if self._default_device else Place.CPU
         device = ""
         grad = False
         for kw in node.keywords:

@@ -34,6 +34,9 @@ class Kind(enum.Enum):
     OPTIMIZER = "optimizer"
     CONTAINER = "container"  # a list/tuple/dict/iterator: see Value.element and Value.items
     NONE = "none"  # the constant None
+    # an instance of a plain (not nn.Module) class of this file (`cls`): its methods are
+    # the file's functions, `obj.m(...)` runs them
+    OBJECT = "object"
     # a legacy tensor type (`torch.FloatTensor`, `torch.cuda.FloatTensor`): `x.type(T)` and
     # `T(...)` put a tensor where it says; UNKNOWN place when chosen at run time between the
     # CPU and a device (`torch.cuda.FloatTensor if cuda else torch.FloatTensor`)
@@ -79,7 +82,7 @@ class Value:
     # BATCH: a structure whose `.to()` moves it in place and returns it (a tokenizer's
     # BatchEncoding, a processor's BatchFeature); its parts are plain tensors
     moves_in_place: bool = False
-    cls: str = ""  # MODULE: the class it was built from
+    cls: str = ""  # MODULE, OBJECT: the class it was built from
     wrapper: str = ""  # MODULE: "DataParallel" / "DistributedDataParallel" when wrapped
     source: ast.AST | None = None  # the call that made it (a factory, a constructor)
     optimizer: ast.Call | None = None  # MODULE: an optimizer built from its parameters

@@ -108,6 +108,11 @@ class BatchNotMoved(Rule):
         scopes: list[ScopeNode] = [ff.ctx.tree] if script else []
         scopes += [s for s in ff.scopes_at(strong) if s not in scopes]
         scopes += [s for s in ff.scopes_at(weak) if s not in scopes and ff.mentions(s, *_MOVES)]
+        if script:
+            # any function that moves something: a CPU tensor made elsewhere (a caller's
+            # factory) may meet what it moved (only factory-made CPU tensors qualify)
+            moving = ff.scopes_at(self.ctx.lines_holding(_MOVES))
+            scopes += [s for s in moving if s not in scopes]
         self._checked = set(scopes)
         for node in scopes:
             if not isinstance(node, ast.Module):
