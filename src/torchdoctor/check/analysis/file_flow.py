@@ -27,6 +27,8 @@ from torchdoctor.check.analysis.values import (
     Value,
     _as_parameter,
     _join_seeds,
+    built_loaders,
+    moved_whatever_given,
 )
 from torchdoctor.check.context import (
     FileContext,
@@ -150,7 +152,7 @@ class FileFlow(FileIndex):
                 # `train_loader, test_loader = load_data()`: loaders it builds
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
                 returned = ScopeFlow(self, func, seeds={}).returned
-                if returned is not None and _built_loaders(returned):
+                if returned is not None and built_loaders(returned):
                     found = returned
             elif self.may_return_factory(func):
                 # no seeds: a factory's result does not depend on them, and seeding
@@ -169,7 +171,7 @@ class FileFlow(FileIndex):
             elif self.mentions(func, ".to(", ".cuda(") and self.mentions(func, "return"):
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
                 returned = ScopeFlow(self, func, seeds={}).returned
-                if returned is not None and _moved_whatever_given(returned, func):
+                if returned is not None and moved_whatever_given(returned, func):
                     found = returned
             self._returns[func] = found
         return found
@@ -492,30 +494,6 @@ class FileFlow(FileIndex):
 
 def _is_staticmethod(func: AnyFunction) -> bool:
     return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)
-
-
-def _built_loaders(value: Value) -> bool:
-    """A loader with a known place, or a tuple of them (what a data helper returns)."""
-    if value.kind is Kind.LOADER:
-        return value.place is not Place.UNKNOWN and not value.assumed
-    items = value.items if value.kind is Kind.CONTAINER else None
-    return bool(items) and all(_built_loaders(item) for item in items or ())
-
-
-def _moved_whatever_given(value: Value, func: AnyFunction) -> bool:
-    """A tensor on the device however `func` is called: analysed with its parameters
-    unknown, and the device it names is not one of them (`x.to(device)` with `device`
-    a parameter may be the CPU; `self.device` is the object's own)."""
-    if value.kind is not Kind.TENSOR or value.place is not Place.DEVICE:
-        return False
-    if value.assumed or value.maybe or value.is_input or not value.device:
-        return False
-    root = re.split(r"[.(\[]", value.device, maxsplit=1)[0].strip()
-    params = [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]
-    names = {p.arg for p in params}
-    if params and params[0].arg == "self":
-        names.discard("self")
-    return root not in names
 
 
 def scopes_with(ff: FileFlow, *needles: str) -> list[ScopeNode]:
