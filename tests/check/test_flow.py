@@ -478,3 +478,59 @@ def test_legacy_tensor_types_move_what_they_retype() -> None:
     assert value_of(sc, "e").place is Place.UNKNOWN  # a type we cannot know
     assert value_of(sc, "f").place is Place.DEVICE
     assert value_of(sc, "g").place is Place.DEVICE
+
+
+def test_factories_under_a_default_device_are_not_known_to_be_on_the_cpu() -> None:
+    sc = scope(
+        """
+        def run(model):
+            model.to(device)
+            with torch.device(device):
+                a = torch.randn(8, 3)
+            b = torch.randn(8, 3)
+            return model(a), model(b)
+        """,
+        "run",
+    )
+    assert value_of(sc, "a").place is Place.UNKNOWN
+    assert value_of(sc, "b").place is Place.CPU
+
+
+def test_no_meetings_where_the_code_expects_an_error() -> None:
+    sc = scope(
+        """
+        def test_fails(model):
+            model = nn.Linear(3, 2).to(device)
+            with pytest.raises(RuntimeError):
+                model(torch.randn(2, 3))
+            model(torch.randn(2, 3))
+        """,
+        "test_fails",
+    )
+    (m,) = sc.mismatches
+    assert m.site.lineno == sc.node.end_lineno  # the call after the block
+
+
+def test_methods_of_instances_of_the_files_plain_classes_are_followed() -> None:
+    ff = file_of(
+        HEADER
+        + textwrap.dedent(
+            """
+            class Ranker:
+                def rank(self, query):
+                    return query
+
+            class Recommender:
+                def __init__(self):
+                    self.ranker = Ranker()
+
+                def recommend(self, feature):
+                    return self.ranker.rank(torch.Tensor(feature))
+            """
+        )
+    )
+    (rank,) = [f for f in ff.functions() if f.name == "rank"]
+    seed = ff.scope(rank).seeds["query"]
+    assert seed.kind is Kind.TENSOR and seed.place is Place.CPU
+    (recommend,) = [f for f in ff.functions() if f.name == "recommend"]
+    assert value_of(ff.scope(recommend), "self.ranker").kind is Kind.OBJECT

@@ -121,6 +121,10 @@ class ProjectIndex:
     call_facts: dict[str, tuple[CallFact, ...]] = field(default_factory=dict)
     # Classes that move data to the device themselves (project_facts.moving_classes).
     moving_classes: frozenset[str] = frozenset()
+    # Module classes that move themselves in `__init__` (`self.cuda()`), class name ->
+    # whether only on some paths (under a flag; `if torch.cuda.is_available():` is the
+    # target device, not a path) (analysis/project_facts.self_moving_classes).
+    self_moving: dict[str, bool] = field(default_factory=dict)
     # Classes that build a BatchNorm1d layer, themselves or through another such class
     # they build (analysis/project_facts.batchnorm_classes; TD216 asks).
     batchnorm_classes: frozenset[str] = frozenset()
@@ -211,6 +215,8 @@ class ProjectIndex:
             text += "\nnccl:" + self.nccl_start
         if self.cuda_extensions:
             text += "\ncuda-extensions:" + ",".join(sorted(self.cuda_extensions))
+        if self.self_moving:
+            text += "\nself-moving:" + repr(sorted(self.self_moving.items()))
         if self.batchnorm_classes:
             text += "\nbatchnorm:" + ",".join(sorted(self.batchnorm_classes))
         if self.generic_digest:

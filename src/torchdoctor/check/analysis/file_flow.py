@@ -27,6 +27,8 @@ from torchdoctor.check.analysis.values import (
     Value,
     _as_parameter,
     _join_seeds,
+    built_loaders,
+    moved_whatever_given,
 )
 from torchdoctor.check.context import (
     FileContext,
@@ -154,7 +156,7 @@ class FileFlow(FileIndex):
                 # `train_loader, test_loader = load_data()`: loaders it builds
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
                 returned = ScopeFlow(self, func, seeds={}).returned
-                if returned is not None and _built_loaders(returned):
+                if returned is not None and built_loaders(returned):
                     found = returned
             elif self.may_return_factory(func):
                 # no seeds: a factory's result does not depend on them, and seeding
@@ -173,7 +175,7 @@ class FileFlow(FileIndex):
             elif self.mentions(func, ".to(", ".cuda(") and self.mentions(func, "return"):
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
                 returned = ScopeFlow(self, func, seeds={}).returned
-                if returned is not None and _moved_whatever_given(returned, func):
+                if returned is not None and moved_whatever_given(returned, func):
                     found = returned
             self._returns[func] = found
         return found
@@ -338,6 +340,10 @@ class FileFlow(FileIndex):
             if uses != calls:
                 return {}  # `self.m` passed around as a value: not all calls are seen
             scopes = [m for m in callers if m is not func]
+            instance_sites = self._instance_sites(func, cls, depth)
+            if instance_sites is None:
+                return {}  # `obj.m` on an object not known to be one of this class
+            sites.extend((site, 1) for site in instance_sites)
         elif _is_staticmethod(func) and f"{cls.name}.{func.name}" not in self.ctx.source:
             # `self._mask(n, m)` of a staticmethod: every argument is a parameter (calls
             # through the class name may come from elsewhere: then its callers are unseen)
@@ -381,6 +387,48 @@ class FileFlow(FileIndex):
             seeds = values if first else _join_seeds(seeds, values)
             first = False
         return {k: v for k, v in seeds.items() if v is not UNKNOWN}
+
+    # A caller that makes tensors can pass CPU ones (an object's method is called from
+    # code that need not name a device at all)
+    _INSTANCE_CALLER_WORDS = (*FileIndex.FACT_WORDS, "Tensor(", "tensor(")
+
+    def _instance_sites(
+        self, func: AnyFunction, cls: ast.ClassDef, depth: int
+    ) -> list[CallSite] | None:
+        """The calls `obj.m(...)` of method `func` on instances of the file's plain class
+        `cls` (`self.ranker = Ranker(...)` ... `self.ranker.rank(x)`); None when some
+        `.m` of the file outside the class is not one (another receiver, `obj.m` passed
+        as a value): then not every call of it is seen. Methods of modules are left to
+        `self.m` calls (they are called on parameters of every kind)."""
+        if self.is_module_class(cls) or self.classes.get(cls.name) is not cls:
+            return []
+        if f".{func.name}" not in self.ctx.source:
+            return []
+        use = re.compile(rf"\.{re.escape(func.name)}\b")
+        line_of = self.ctx.line_of_offset
+        lines = [
+            line
+            for line in (line_of(m.start()) for m in use.finditer(self.ctx.source))
+            if not self._inside(cls, line)
+        ]
+        outside = len(lines)
+        if not outside:
+            return []  # used inside the class only
+        scopes = self.scopes_at(lines)
+        if any(not self.mentions(s, *self._INSTANCE_CALLER_WORDS) for s in scopes):
+            return []  # an uninformative caller: the join would be unknown anyway
+        found: dict[ast.Call, CallSite] = {}
+        callee = f"{cls.name}.{func.name}"
+        for scope_node in scopes:
+            caller = self.scope(scope_node, depth=depth + 1)
+            for site in caller.calls:
+                if site.callee == callee:
+                    found.setdefault(site.call, site)
+        return list(found.values()) if len(found) == outside else None
+
+    @staticmethod
+    def _inside(node: ast.ClassDef, line: int) -> bool:
+        return node.lineno <= line <= (node.end_lineno or node.lineno)
 
     def project_call_facts(self, callee: str) -> list[Env]:
         """Parameter values of `callee` at call sites in other files (project index)."""
@@ -450,30 +498,6 @@ class FileFlow(FileIndex):
 
 def _is_staticmethod(func: AnyFunction) -> bool:
     return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)
-
-
-def _built_loaders(value: Value) -> bool:
-    """A loader with a known place, or a tuple of them (what a data helper returns)."""
-    if value.kind is Kind.LOADER:
-        return value.place is not Place.UNKNOWN and not value.assumed
-    items = value.items if value.kind is Kind.CONTAINER else None
-    return bool(items) and all(_built_loaders(item) for item in items or ())
-
-
-def _moved_whatever_given(value: Value, func: AnyFunction) -> bool:
-    """A tensor on the device however `func` is called: analysed with its parameters
-    unknown, and the device it names is not one of them (`x.to(device)` with `device`
-    a parameter may be the CPU; `self.device` is the object's own)."""
-    if value.kind is not Kind.TENSOR or value.place is not Place.DEVICE:
-        return False
-    if value.assumed or value.maybe or value.is_input or not value.device:
-        return False
-    root = re.split(r"[.(\[]", value.device, maxsplit=1)[0].strip()
-    params = [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]
-    names = {p.arg for p in params}
-    if params and params[0].arg == "self":
-        names.discard("self")
-    return root not in names
 
 
 def scopes_with(ff: FileFlow, *needles: str) -> list[ScopeNode]:

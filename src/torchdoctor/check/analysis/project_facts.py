@@ -81,11 +81,60 @@ def moving_classes(source: str) -> set[str]:
     return found
 
 
+# In `__init__`: `self.cuda()`, `self.to("cuda")`, `self.to(torch.device("cuda"))`.
+_MOVES_SELF = re.compile(
+    r"^([ \t]*)self\s*\.\s*(?:cuda\([^()]*\)"
+    r"|to\(\s*(?:torch\.device\(\s*)?[\"']cuda[\w:]*[\"']\s*\)?\s*\))"
+    r"[ \t]*(?:#[^\n]*)?$",
+    re.MULTILINE,
+)
+_INIT = re.compile(r"^([ \t]*)def[ \t]+__init__[ \t]*\(", re.MULTILINE)
+_GPU_TEST = re.compile(r"[ \t]*if[ \t]+(?:torch\.)?cuda\.is_available\(\)[ \t]*:")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def self_moving_classes(source: str) -> dict[str, bool]:
+    """Classes whose `__init__` moves the object itself to the GPU (`self.cuda()`),
+    name -> whether on some paths only. A move under `if torch.cuda.is_available():`
+    (the init's own test) is one to the target device, like `.to(device)` with
+    `device = "cuda" if torch.cuda.is_available() else "cpu"`; under any other test
+    (`if use_cuda:`) it is a move on some paths. (Read from the text: the project
+    index is built before any file is parsed.)"""
+    found: dict[str, bool] = {}
+    if "self.cuda(" not in source and "self.to(" not in source:
+        return found
+    source = as_lf(source)
+    for match in CLASS_HEADER.finditer(source):
+        body_end = _body_end(_indent(match.group(0))).search(source, match.end())
+        body = source[match.end() : body_end.start() if body_end else len(source)]
+        init = _INIT.search(body)
+        if init is None or ("self.cuda(" not in body and "self.to(" not in body):
+            continue
+        init_end = _body_end(len(init.group(1))).search(body, init.end())
+        code = body[init.end() : init_end.start() if init_end else len(body)]
+        # the body's own indent: the least of its lines (a wrapped signature is deeper)
+        own = min((_indent(ln) for ln in code.split("\n")[1:] if ln.strip()), default=0)
+        for move in _MOVES_SELF.finditer(code):
+            depth = len(move.group(1))
+            before = reversed(code[: move.start()].split("\n"))
+            test = next((ln for ln in before if ln.strip() and _indent(ln) < depth), "")
+            gpu = _GPU_TEST.match(test) is not None and _indent(test) == own
+            some_paths = depth != own and not gpu
+            found[match.group(1)] = found.get(match.group(1), True) and some_paths
+    return found
+
+
+_LOADER_WORDS = ("loader", "Loader", "_dl")
+
+
 def is_candidate(source: str) -> bool:
     """Whether a file may pass a moved model or a loader to another file's function."""
     return (
         any(m in source for m in _MOVES)
-        and any(w in source for w in ("loader", "Loader", "_dl"))  # cheap: the regex is not
+        and any(w in source for w in _LOADER_WORDS)  # cheap: the regex is not
         and _LOADER_ARGUMENT.search(source) is not None
     )
 
@@ -256,6 +305,10 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     extensions: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
+    self_moving: dict[str, list[bool]] = {}  # class name -> maybe, per defining file
+    # files that pass a loader on without moving anything: candidates if they build a
+    # class that moves itself (known only once every file is scanned)
+    unmoved: list[tuple[str, str]] = []
     cuda_defaults: dict[str, CudaDefault] = {}
     count = 0
     paths: set[str] = set()
@@ -267,6 +320,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         for name in file_classes:
             definitions[name] = definitions.get(name, 0) + 1
         moving |= moving_classes(source)
+        for name, maybe in self_moving_classes(source).items():
+            self_moving.setdefault(name, []).append(maybe)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
         zeroing = zeroing_calls(source)
         if zeroing is not None:
@@ -278,6 +333,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         count += 1
         if is_candidate(source):
             candidates.append((path, source))
+        elif any(w in source for w in _LOADER_WORDS) and not any(m in source for m in _MOVES):
+            unmoved.append((path, source))
         if ("DataParallel" in source or "DDP" in source) and _WRAPS.search(source):
             wrapping.append((path, source))
         if builds_generic(source):
@@ -294,6 +351,19 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     # a class name defined in two files: which one a call builds is not known
     index.cuda_defaults = {n: f for n, f in cuda_defaults.items() if definitions.get(n) == 1}
     index.resolve()
+    # a name defined in several files counts only if every definition moves itself
+    index.self_moving = {
+        name: any(maybes)
+        for name, maybes in self_moving.items()
+        if len(maybes) == definitions.get(name) and name in index.module_classes
+    }
+    if index.self_moving:
+        candidates += [
+            (path, source)
+            for path, source in unmoved
+            if any(f"{name}(" in source for name in index.self_moving)
+            and _LOADER_ARGUMENT.search(source) is not None
+        ]
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)
     if wrapping and count > 1:

@@ -170,17 +170,29 @@ class ScopeFlow(ScopeCalls):
     def _exec_with(self, stmt: ast.stmt) -> None:
         assert isinstance(stmt, ast.With | ast.AsyncWith)
         no_grad = 0
+        device = 0
         for item in stmt.items:
             value = self.eval(item.context_expr)
             if _is_no_grad_context(item.context_expr, self.ctx):
                 no_grad += 1
+            expr = item.context_expr
+            if value.kind is Kind.DEVICE or (
+                isinstance(expr, ast.Name | ast.Attribute) and "device" in self._text(expr)
+            ):
+                device = 1  # `with torch.device(d):`, `with device:`
             if item.optional_vars is not None:
                 self._bind(item.optional_vars, value if value.kind is Kind.LOADER else UNKNOWN)
         self._no_grad += no_grad
+        self._default_device += device
+        meeting = self._meeting
+        if any(_expects_error(item.context_expr) for item in stmt.items):
+            self._meeting = False  # `with pytest.raises(RuntimeError):` wants the crash
         try:
             self._exec_block(stmt.body)
         finally:
             self._no_grad -= no_grad
+            self._default_device -= device
+            self._meeting = meeting
 
     def _exec_try(self, stmt: ast.stmt) -> None:
         assert isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar"
@@ -388,6 +400,18 @@ class ScopeFlow(ScopeCalls):
         if self._recording and value is not UNKNOWN:
             self._values[node] = value
         return value
+
+
+_RAISES = frozenset({"raises", "assertRaises", "assertRaisesRegex"})
+
+
+def _expects_error(expr: ast.expr) -> bool:
+    """`pytest.raises(...)`, `self.assertRaises(...)`: a block that should fail."""
+    if not isinstance(expr, ast.Call):
+        return False
+    func = expr.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return name in _RAISES
 
 
 def _skip(self: ScopeFlow, stmt: ast.stmt) -> None:

@@ -67,7 +67,7 @@ class ScopeCalls(ScopeMoves):
                 opaque = True
         qual = self.ctx.qualname(func) or ""
         result = self._call(node, qual, recv, callee, args, keywords, statement)
-        self._record_call_site(node, args, keywords, opaque)
+        self._record_call_site(node, args, keywords, opaque, recv)
         effect = self._init_helper_effect(node, args, keywords, opaque)
         if statement and result is UNKNOWN and self.env is not None:
             self._forget_mutated(node, recv)
@@ -132,6 +132,7 @@ class ScopeCalls(ScopeMoves):
         args: list[Value],
         keywords: list[tuple[str | None, Value]],
         opaque: bool,
+        recv: Value | None = None,
     ) -> None:
         if not self._recording:
             return
@@ -145,6 +146,8 @@ class ScopeCalls(ScopeMoves):
             and func.value.id == self.self_name
         ):
             name = f"self.{func.attr}"
+        elif isinstance(func, ast.Attribute) and recv is not None and recv.kind is Kind.OBJECT:
+            name = f"{recv.cls}.{func.attr}"  # a method of the file's class, on an instance
         else:
             return
         self.calls.append(
@@ -246,6 +249,10 @@ class ScopeCalls(ScopeMoves):
             # gives is where the inputs it ran on are; where it is, is not known, so its
             # inputs meet nothing here
             return self._module_call(node, callee, args, keywords, meet=False)
+        if isinstance(func, ast.Name) and (self.env is None or func.id not in self.env):
+            cls = self.ff.classes.get(func.id)
+            if cls is not None and not self.ff.is_module_class(cls):
+                return Value(Kind.OBJECT, cls=func.id, line=node.lineno, source=node)
         target = self._same_file_callee(func, recv)
         if target is not None:
             returned = self._follow_call(node, target, args, keywords)
@@ -341,7 +348,7 @@ class ScopeCalls(ScopeMoves):
         cls: ast.ClassDef | None = None
         if isinstance(func.value, ast.Name) and self.self_name and func.value.id == self.self_name:
             cls = self.cls
-        elif recv is not None and recv.kind is Kind.MODULE and recv.cls:
+        elif recv is not None and recv.kind in (Kind.MODULE, Kind.OBJECT) and recv.cls:
             cls = ff.classes.get(recv.cls)
         return ff.methods(cls).get(func.attr) if cls is not None else None
 
@@ -364,8 +371,18 @@ class ScopeCalls(ScopeMoves):
         for kw, (_, value) in zip(node.keywords, keywords, strict=False):
             operands.extend(self._tensor_operands(kw.value, value))
         tensors = [(n, v) for n, v in operands if v.tensor_like or n is node.func]
-        if meet and callee.wrapper != "DataParallel":  # DataParallel scatters CPU inputs itself
-            self._meet(node, [(n, v) for n, v in tensors], "module")
+        if not meet:
+            # where the module is, is not known; its inputs still meet one another when
+            # one was put on the device and another made by a factory on the CPU (a
+            # tokenizer's mask is left out: libraries' models often move it themselves)
+            tensors = [
+                (n, v)
+                for n, v in tensors
+                if not (v.assumed or v.maybe or v.is_input)
+                and (v.place is Place.DEVICE or (v.kind is Kind.TENSOR and v.source is not None))
+            ]
+        if callee.wrapper != "DataParallel":  # DataParallel scatters CPU inputs itself
+            self._meet(node, tensors, "module")
         if (callee.kind is not Kind.MODULE or callee.guessed) and not self.shown_module(
             dotted(callee_node if callee_node is not None else node.func)
         ):
@@ -431,6 +448,8 @@ class ScopeCalls(ScopeMoves):
         statement: bool,
     ) -> Value | None:
         kind = recv.kind
+        if kind is Kind.OBJECT:
+            return None  # its methods are the file's: `_same_file_callee`
         if method in ("to", "cuda", "cpu"):
             return self._move(node, func.value, recv, statement)
         if method == "type" and (kind is Kind.MODULE or kind in _TENSOR_KINDS):

@@ -70,6 +70,9 @@ class ScopeCore:
         # meets on the first iteration, though the loop's fixpoint no longer knows `h`
         self._meeting = True
         self._no_grad = 0
+        # inside `with torch.device(...):` (or the file sets a default device): factories
+        # without `device=` make tensors on that device
+        self._default_device = 1 if "set_default_device" in ff.ctx.source else 0
         self._loops: list[_LoopFrame] = []
         self._statement_call: ast.Call | None = None
         self.env: Env | None = None

@@ -169,11 +169,16 @@ class ScopeLibrary(ScopeExprs):
             )
         place = Place.UNKNOWN
         device = ""
+        maybe = False
         for kw in node.keywords:
             if kw.arg == "device":
                 target = self.device_target(kw.value)
                 if target is not None:
                     place, device = target
+        moves_itself = getattr(self.ff.project, "self_moving", {}).get(last)
+        if place is Place.UNKNOWN and moves_itself is not None:
+            # a project class whose `__init__` runs `self.cuda()`: built on the GPU
+            place, device, maybe = Place.DEVICE, "cuda", moves_itself
         return Value(
             Kind.MODULE,
             place,
@@ -183,6 +188,7 @@ class ScopeLibrary(ScopeExprs):
             fresh=place is Place.UNKNOWN,
             device=device,
             device_line=node.lineno if device else 0,
+            maybe=maybe,
         )
 
     def _data_loader(
@@ -316,7 +322,7 @@ class ScopeLibrary(ScopeExprs):
         return result
 
     def _factory(self, node: ast.Call, qual: str, last: str) -> Value:
-        place = Place.CPU
+        place = Place.UNKNOWN if self._default_device else Place.CPU
         device = ""
         grad = False
         for kw in node.keywords:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,9 @@ class Kind(enum.Enum):
     OPTIMIZER = "optimizer"
     CONTAINER = "container"  # a list/tuple/dict/iterator: see Value.element and Value.items
     NONE = "none"  # the constant None
+    # an instance of a plain (not nn.Module) class of this file (`cls`): its methods are
+    # the file's functions, `obj.m(...)` runs them
+    OBJECT = "object"
     # a legacy tensor type (`torch.FloatTensor`, `torch.cuda.FloatTensor`): `x.type(T)` and
     # `T(...)` put a tensor where it says; UNKNOWN place when chosen at run time between the
     # CPU and a device (`torch.cuda.FloatTensor if cuda else torch.FloatTensor`)
@@ -79,7 +83,7 @@ class Value:
     # BATCH: a structure whose `.to()` moves it in place and returns it (a tokenizer's
     # BatchEncoding, a processor's BatchFeature); its parts are plain tensors
     moves_in_place: bool = False
-    cls: str = ""  # MODULE: the class it was built from
+    cls: str = ""  # MODULE, OBJECT: the class it was built from
     wrapper: str = ""  # MODULE: "DataParallel" / "DistributedDataParallel" when wrapped
     source: ast.AST | None = None  # the call that made it (a factory, a constructor)
     optimizer: ast.Call | None = None  # MODULE: an optimizer built from its parameters
@@ -304,3 +308,28 @@ class Passed:
     caller: str  # the calling function's name
     line: int  # the call's line
     where: str = ""  # the caller's file, when another one
+
+
+# -- what a function returns, judged from its own code (FileFlow.returned_tensor) --
+def built_loaders(value: Value) -> bool:
+    """A loader with a known place, or a tuple of them (what a data helper returns)."""
+    if value.kind is Kind.LOADER:
+        return value.place is not Place.UNKNOWN and not value.assumed
+    items = value.items if value.kind is Kind.CONTAINER else None
+    return bool(items) and all(built_loaders(item) for item in items or ())
+
+
+def moved_whatever_given(value: Value, func: AnyFunction) -> bool:
+    """A tensor on the device however `func` is called: analysed with its parameters
+    unknown, and the device it names is not one of them (`x.to(device)` with `device`
+    a parameter may be the CPU; `self.device` is the object's own)."""
+    if value.kind is not Kind.TENSOR or value.place is not Place.DEVICE:
+        return False
+    if value.assumed or value.maybe or value.is_input or not value.device:
+        return False
+    root = re.split(r"[.(\[]", value.device, maxsplit=1)[0].strip()
+    params = [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]
+    names = {p.arg for p in params}
+    if params and params[0].arg == "self":
+        names.discard("self")
+    return root not in names

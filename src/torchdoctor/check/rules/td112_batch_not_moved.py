@@ -108,6 +108,19 @@ class BatchNotMoved(Rule):
         scopes: list[ScopeNode] = [ff.ctx.tree] if script else []
         scopes += [s for s in ff.scopes_at(strong) if s not in scopes]
         scopes += [s for s in ff.scopes_at(weak) if s not in scopes and ff.mentions(s, *_MOVES)]
+        if script:
+            # a method that moves something, of a plain class the file builds: what the
+            # file's calls on its instances pass (a factory's CPU tensor) may meet it
+            built = {
+                name
+                for name, cls in ff.classes.items()
+                if f"{name}(" in source and not ff.is_module_class(cls)
+            }
+            if built:
+                for s in ff.scopes_at(self.ctx.lines_holding(_MOVES)):
+                    cls = ff.class_of(s) if not isinstance(s, ast.Module) else None
+                    if cls is not None and cls.name in built and s not in scopes:
+                        scopes.append(s)
         self._checked = set(scopes)
         for node in scopes:
             if not isinstance(node, ast.Module):
