@@ -102,6 +102,9 @@ class ProjectIndex:
     # TD204 asks whether another file may zero around a step method it calls
     # (analysis/project_facts.zeroing_calls).
     zeroing_calls: frozenset[str] = frozenset()
+    # Classes that make an `nn.Parameter` in their body, and their subclasses
+    # (analysis/project_facts.parameter_classes; TD213 asks where one is built).
+    parameter_classes: frozenset[str] = frozenset()
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -127,6 +130,18 @@ class ProjectIndex:
                         break
         self.module_classes = frozenset(modules)
 
+    def subclasses_of(self, names: set[str]) -> frozenset[str]:
+        """`names` and every class of the tree that inherits from one of them."""
+        found = set(names)
+        changed = bool(found)
+        while changed:
+            changed = False
+            for name, bases in self.bases.items():
+                if name not in found and any(b.rsplit(".", 1)[-1] in found for b in bases):
+                    found.add(name)
+                    changed = True
+        return frozenset(found)
+
     def fingerprint(self) -> str:
         """Changes whenever the set of module classes changes (part of the cache key)."""
         text = "\n".join(sorted(self.module_classes))
@@ -144,6 +159,8 @@ class ProjectIndex:
             text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
+        if self.parameter_classes:
+            text += "\nparameters:" + ",".join(sorted(self.parameter_classes))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]

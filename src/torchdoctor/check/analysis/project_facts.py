@@ -70,6 +70,22 @@ def moving_classes(source: str) -> set[str]:
     return found
 
 
+def parameter_classes(source: str) -> set[str]:
+    """Classes whose body makes an `nn.Parameter` (`self.b = nn.Parameter(...)`): code
+    that builds one may update its parameters in place (TD213 asks)."""
+    found: set[str] = set()
+    if "Parameter(" not in source or "class" not in source:
+        return found
+    source = as_lf(source)
+    for match in CLASS_HEADER.finditer(source):
+        indent = len(match.group(0)) - len(match.group(0).lstrip(" \t"))
+        body_end = _body_end(indent).search(source, match.end())
+        body = source[match.end() : body_end.start() if body_end else len(source)]
+        if "Parameter(" in body:
+            found.add(match.group(1))
+    return found
+
+
 def is_candidate(source: str) -> bool:
     """Whether a file may pass a moved model or a loader to another file's function."""
     return (
@@ -241,6 +257,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     wrapping: list[tuple[str, str]] = []  # files that may hand a wrapped model on
     generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`
     moving: set[str] = set()
+    parameters: set[str] = set()
     extensions: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
@@ -252,6 +269,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         for name in file_classes:
             definitions[name] = definitions.get(name, 0) + 1
         moving |= moving_classes(source)
+        parameters |= parameter_classes(source)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
         zeroing = zeroing_calls(source)
         if zeroing is not None:
@@ -270,6 +288,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     index.cuda_extensions = frozenset(extensions)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
     index.resolve()
+    index.parameter_classes = index.subclasses_of(parameters)
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)
     if wrapping and count > 1:
