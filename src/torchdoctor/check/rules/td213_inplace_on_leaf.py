@@ -87,7 +87,12 @@ class InplaceOnLeaf(Rule):
       `.requires_grad_()` or `nn.Parameter(...)`;
     - a parameter from `for p in model.parameters():` in a function that also runs
       `backward()` (a hand-written update step);
-    - a `self.weight = nn.Parameter(...)` updated in the module's `forward`.
+    - a `self.weight = nn.Parameter(...)` updated in the module's `forward`;
+    - a parameter attribute of an object built in the function from a module class of
+      the project (`head = ScoreHead(...)`, `head.bias[i] = -1e4`), the class defined
+      in the file or in the module it is imported from.
+
+    Writes inside `pytest.raises(...)` / `assertRaises(...)` expect the error.
 
     Updates of `p.data` or `p.grad` are not in-place updates of the leaf itself.
 

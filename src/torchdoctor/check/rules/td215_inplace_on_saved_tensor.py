@@ -76,6 +76,8 @@ class InplaceOnSavedTensor(Rule):
       or `nn.ReLU`/`nn.Sigmoid`/... layers);
     - an operand of `*`, `/`, `@`, `matmul`, ... whose other operand needs gradients.
 
+    Methods the class inherits, also from a base class in another file of the project,
+    are followed too (`self.value(x)` of a base that calls the subclass's layers).
     A name bound again (`x = x + skip`) is a new tensor and is no longer followed.
     Tensors whose need for gradients the code does not show (a `forward` argument) are
     not followed: the rule stays quiet where it cannot tell.
