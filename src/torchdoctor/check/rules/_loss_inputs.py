@@ -131,6 +131,10 @@ _TAKES_LOGITS = {
     "torch.nn.functional.cross_entropy": CROSS_ENTROPY,
     "torch.nn.functional.binary_cross_entropy_with_logits": BCE_LOGITS,
 }
+_TAKES_LOGITS_MODULES = {
+    "torch.nn.CrossEntropyLoss": CROSS_ENTROPY,
+    "torch.nn.BCEWithLogitsLoss": BCE_LOGITS,
+}
 _RESHAPES = frozenset({"permute", "reshape", "view", "transpose", "contiguous", "flatten", "float"})
 
 
@@ -183,6 +187,13 @@ def _class_kind(fl: FileLoops, name: str) -> str | None:
         func = node.func
         if kind is None and isinstance(func, ast.Attribute) and func.attr == "log_softmax":
             kind, arg = CROSS_ENTROPY, func.value
+        elif kind is None and (attr := dotted(func) or "").startswith("self."):
+            # `self.ce(x, y)` with `self.ce = nn.CrossEntropyLoss()` in the class
+            built = {
+                _TAKES_LOGITS_MODULES.get(owner.ctx.qualname(c.func) or "")
+                for c in assigned_calls(owner, forward, attr)
+            }
+            kind = built.pop() if len(built) == 1 else None
         if kind is not None and arg is not None and _reshaped(arg, x):
             kinds.add(kind)
     return kinds.pop() if len(kinds) == 1 else None
