@@ -132,7 +132,9 @@ def project_mro(fl: FileLoops, cls: ast.ClassDef) -> list[tuple[FileLoops, ast.C
         bases = []
         for base in node.bases:
             name = dotted(base)
-            found = project_class(owner, name) if name else None
+            if not name or (owner.ctx.qualname(base) or "").startswith(("torch.", "typing.")):
+                continue  # torch's own classes: nothing of the project to read
+            found = project_class(owner, name)
             if found is not None:
                 bases.append(found)
         todo[0:0] = bases

@@ -123,7 +123,7 @@ def loss_kind(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> str | None:
 
 
 # `criterion = FocalLoss(gamma=2)`: an instance of a class (maybe a user loss)
-_BUILT = re.compile(r"(\w+)\s*=\s*((?:\w+\.)*[A-Z]\w*)\(")
+_BUILT_CLASS = re.compile(r"=\s*((?:\w+\.)*[A-Z]\w*)\(")
 # What a loss class's forward hands its input to: these take logits.
 _TAKES_LOGITS = {
     "torch.nn.functional.log_softmax": CROSS_ENTROPY,
@@ -141,11 +141,13 @@ _RESHAPES = frozenset({"permute", "reshape", "view", "transpose", "contiguous", 
 def _user_loss_instances(fl: FileLoops) -> set[str]:
     """Names assigned an instance of a project class that is a loss taking logits."""
     source = fl.ctx.source
+    project = fl.ctx.project.module_classes
+    # cheap first: the project's module classes the file builds (anchored on the call)
+    built = {m.group(1) for m in _BUILT_CLASS.finditer(source)}
+    losses = {c for c in built if c.rsplit(".", 1)[-1] in project and _class_kind(fl, c)}
     found = set()
-    for match in _BUILT.finditer(source):
-        name, cls = match.group(1), match.group(2)
-        if fl.ctx.project.is_module_class_name(cls) and _class_kind(fl, cls) is not None:
-            found.add(name)
+    for cls in losses:
+        found |= set(re.findall(rf"(\w+)\s*=\s*{re.escape(cls)}\(", source))
     return found
 
 
@@ -155,8 +157,8 @@ def user_loss_kind(fl: FileLoops, func: ast.expr) -> str | None:
     (or to binary_cross_entropy_with_logits): a loss that takes logits, like
     `FocalLoss` built on `F.log_softmax(x)` + NLL."""
     name = dotted(func)
-    if not name or not fl.ctx.project.is_module_class_name(name):
-        return None
+    if not name or name.rsplit(".", 1)[-1] not in fl.ctx.project.module_classes:
+        return None  # not a module class of the project (cheap: before any lookup)
     return _class_kind(fl, name)
 
 

@@ -144,6 +144,8 @@ class InplaceOnLeaf(Rule):
     )
 
     def finish(self) -> None:
+        # class -> its parameter attributes (the classes stay alive while the file is checked)
+        self._params: dict[int, dict[str, tuple[str, int]]] = {}
         src = self.ctx.source
         leafy = any(t in src for t in ("requires_grad", "Parameter", "parameters()"))
         built = set()
@@ -225,14 +227,17 @@ class InplaceOnLeaf(Rule):
         if not isinstance(value, ast.Call):
             return []
         name = dotted(value.func) or ""
-        if not name.rsplit(".", 1)[-1][:1].isupper() or not self.ctx.project.is_module_class_name(
-            self.ctx.qualname(value.func) or name
-        ):
+        if name.rsplit(".", 1)[-1] not in self.ctx.project.parameter_classes:
+            return []  # cheap first: no class of that name makes a parameter
+        if not self.ctx.project.is_module_class_name(self.ctx.qualname(value.func) or name):
             return []
         found = project_class(analysis(self.ctx), name)
         if found is None:
             return []
         owner, cls = found
+        params = self._params.get(id(cls))
+        if params is None:
+            params = self._params[id(cls)] = parameter_attributes(owner, cls)
         where = "" if owner.ctx is self.ctx else f" in {owner.ctx.path.rsplit('/', 1)[-1]}"
         return [
             Leaf(
@@ -241,7 +246,7 @@ class InplaceOnLeaf(Rule):
                 f"`{attr}` is an `nn.Parameter` of `{cls.name}`, line {line}{where}; "
                 f"`{key}` is built",
             )
-            for attr, (_path, line) in parameter_attributes(owner, cls).items()
+            for attr, (_path, line) in params.items()
         ]
 
     def _leaf_value(self, value: ast.expr) -> str | None:

@@ -9,6 +9,7 @@ from torchdoctor.check.analysis.class_calls import project_mro
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_item_context
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.rule import Rule, Severity
 
@@ -133,7 +134,8 @@ class InplaceOnSavedTensor(Rule):
             layers: dict[str, str] = {}
             methods: list[tuple[FileContext, ast.FunctionDef, bool]] = []
             seen: set[str] = set()
-            for owner, node in project_mro(fl, cls):
+            chain = project_mro(fl, cls) if self._readable_base(cls) else [(fl, cls)]
+            for owner, node in chain:
                 for attr, kind in self._layers(owner.ctx, node).items():
                     layers.setdefault(attr, kind)
                 for m in node.body:
@@ -156,6 +158,15 @@ class InplaceOnSavedTensor(Rule):
             for ctx, method, own in methods:
                 if own:
                     _Method(self, ctx, layers, returns_grad).block(method.body, _State(), False)
+
+    def _readable_base(self, cls: ast.ClassDef) -> bool:
+        """A base that is not torch's: defined in the file or imported (maybe from a
+        module of the project)."""
+        for base in cls.bases:
+            name = self.ctx.qualname(base) or dotted(base) or ""
+            if name and not name.startswith(("torch.", "typing.", "abc.")):
+                return True
+        return False
 
     def _layers(self, ctx: FileContext, cls: ast.ClassDef) -> dict[str, str]:
         """`self.act` -> what the class's assignments make it: "saves" (its output is
