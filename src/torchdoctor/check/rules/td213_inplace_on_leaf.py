@@ -148,8 +148,8 @@ class InplaceOnLeaf(Rule):
         self._params: dict[int, dict[str, tuple[str, int]]] = {}
         src = self.ctx.source
         leafy = any(t in src for t in ("requires_grad", "Parameter", "parameters()"))
-        built = set()
-        if not leafy and self.ctx.project.parameter_classes:
+        built: set[str] = set()
+        if self.ctx.project.parameter_classes:
             # cheap: the CapWords calls of the file against the project's classes
             built = {m.group(1) for m in _BUILDS.finditer(src)}
             built &= self.ctx.project.parameter_classes
@@ -159,7 +159,7 @@ class InplaceOnLeaf(Rule):
         for fi in fl.all_functions():
             text = fi.text
             forward = fi.cls is not None and fi.name == "forward" and "self." in text
-            builds = "requires_grad" not in text and _BUILDS.search(text) is not None
+            builds = "requires_grad" not in text and any(f"{c}(" in text for c in built)
             if not forward and not builds and not any(t in text for t in _LEAF_WORDS):
                 continue  # no leaf made or named here (cheap: substrings before the regex)
             if not _INPLACE_TEXT.search(text):

@@ -61,6 +61,10 @@ class _State:
 _INPLACE_TEXT = re.compile(r"(?:[-+*/@%&|^]|//|\*\*|<<|>>)=|[a-z0-9]_\(|inplace|\]\s*=(?!=)")
 
 
+_SELF_CALL = re.compile(r"\bself\.(\w+)\(")
+_SELF_ASSIGNED = re.compile(r"\bself\.(\w+)\s*(?::[^=\n]*)?=[^=]")
+
+
 class InplaceOnSavedTensor(Rule):
     """An in-place op on a tensor that autograd saved for the backward pass.
 
@@ -160,8 +164,15 @@ class InplaceOnSavedTensor(Rule):
                     _Method(self, ctx, layers, returns_grad).block(method.body, _State(), False)
 
     def _readable_base(self, cls: ast.ClassDef) -> bool:
-        """A base that is not torch's: defined in the file or imported (maybe from a
-        module of the project)."""
+        """The class calls `self.m(...)` it neither defines nor assigns, and has a base
+        that is not torch's: defined in the file or imported (maybe from a module of
+        the project)."""
+        text = self.ctx.segment(cls)
+        called = set(_SELF_CALL.findall(text))
+        called -= {m.name for m in cls.body if isinstance(m, ast.FunctionDef)}
+        called -= set(_SELF_ASSIGNED.findall(text))
+        if not called:
+            return False  # cheap first: nothing a base defines is used
         for base in cls.bases:
             name = self.ctx.qualname(base) or dotted(base) or ""
             if name and not name.startswith(("torch.", "typing.", "abc.")):
