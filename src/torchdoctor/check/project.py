@@ -168,6 +168,9 @@ class ProjectIndex:
     clamping_hooks: dict[str, str] = field(default_factory=dict)
     # Every checked file's path (imports are resolved against them).
     paths: frozenset[str] = frozenset()
+    # Classes that make an `nn.Parameter` in their body, and their subclasses
+    # (analysis/project_facts.parameter_classes; TD213 asks where one is built).
+    parameter_classes: frozenset[str] = frozenset()
 
     @property
     def generic_arguments(self) -> GenericFacts:
@@ -206,6 +209,18 @@ class ProjectIndex:
                         break
         self.module_classes = frozenset(modules)
 
+    def subclasses_of(self, names: set[str]) -> frozenset[str]:
+        """`names` and every class of the tree that inherits from one of them."""
+        found = set(names)
+        changed = bool(found)
+        while changed:
+            changed = False
+            for name, bases in self.bases.items():
+                if name not in found and any(b.rsplit(".", 1)[-1] in found for b in bases):
+                    found.add(name)
+                    changed = True
+        return frozenset(found)
+
     def fingerprint(self) -> str:
         """Changes whenever the set of module classes changes (part of the cache key)."""
         text = "\n".join(sorted(self.module_classes))
@@ -231,6 +246,8 @@ class ProjectIndex:
             text += "\nclamping:" + repr(sorted(self.clamping_hooks.items()))
         if self.module_pickles:
             text += "\npickles:" + repr(self.module_pickles)
+        if self.parameter_classes:
+            text += "\nparameters:" + ",".join(sorted(self.parameter_classes))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]

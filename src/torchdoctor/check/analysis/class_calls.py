@@ -4,6 +4,9 @@
 `self` is an instance of the subclass: a value followed into a method therefore carries
 the class `self` was made from (its "self class"), and a method is looked up along that
 class's bases (those defined in the same file; a base from elsewhere ends the search).
+`project_class` / `project_mro` follow a class name into the sibling module it is
+imported from (through a package `__init__` that re-exports it), for the rules that
+need a base class or a built class of another file of the project.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from torchdoctor.check.analysis.file_loops import FileLoops, sibling_file
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.loop_index import LoopIndex
 from torchdoctor.check.analysis.syntax import dotted
@@ -91,3 +95,84 @@ def argument_for(fi: FunctionInfo, call: ast.Call, param: str) -> ast.expr | Non
     if any(isinstance(a, ast.Starred) for a in call.args[: index + 1]):
         return None
     return call.args[index] if index < len(call.args) else None
+
+
+_REEXPORT_HOPS = 3  # `from pkg import C` -> pkg/__init__.py -> `from .mod import C`
+
+
+def project_class(fl: FileLoops, name: str) -> tuple[FileLoops, ast.ClassDef] | None:
+    """The class a name (`C`, `mod.C`) of `fl`'s file refers to: defined in the file, or
+    in the sibling module it is imported from, through package re-exports (None: not a
+    class we can read)."""
+    for _ in range(_REEXPORT_HOPS + 1):
+        head, _, rest = name.partition(".")
+        if not rest and name in fl.classes:
+            return fl, fl.classes[name]
+        target = fl.ctx.imports.get(head)
+        if target is None:
+            return None
+        module, _, name = (f"{target}.{rest}" if rest else target).rpartition(".")
+        other = sibling_file(fl.ctx, module) if module.strip(".") else None
+        if other is None:
+            return None
+        fl = other
+    return None
+
+
+def project_mro(fl: FileLoops, cls: ast.ClassDef) -> list[tuple[FileLoops, ast.ClassDef]]:
+    """`cls` and the bases we can read (in its file or imported from sibling modules), in
+    depth-first, left-to-right order, each with the file it is defined in."""
+    order: list[tuple[FileLoops, ast.ClassDef]] = []
+    todo: list[tuple[FileLoops, ast.ClassDef]] = [(fl, cls)]
+    while todo and len(order) < 16:
+        owner, node = todo.pop(0)
+        if any(node is seen for _, seen in order):
+            continue
+        order.append((owner, node))
+        bases = []
+        for base in node.bases:
+            name = dotted(base)
+            if not name or (owner.ctx.qualname(base) or "").startswith(("torch.", "typing.")):
+                continue  # torch's own classes: nothing of the project to read
+            found = project_class(owner, name)
+            if found is not None:
+                bases.append(found)
+        todo[0:0] = bases
+    return order
+
+
+_PARAMETER_CLASSES = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
+
+
+def parameter_attributes(fl: FileLoops, cls: ast.ClassDef) -> dict[str, tuple[str, int]]:
+    """`self.<attr>` -> (file, line) for the attributes that every assignment in the class
+    and its readable bases makes an `nn.Parameter` requiring grad (`self.b =
+    nn.Parameter(torch.zeros(n))`); an attribute whose `requires_grad` the class
+    changes is left out."""
+    made: dict[str, tuple[str, int]] = {}
+    other: set[str] = set()
+    for owner, node in project_mro(fl, cls):
+        text = owner.ctx.segment(node)
+        for stmt in ast.walk(node):
+            if not isinstance(stmt, ast.Assign | ast.AnnAssign):
+                continue
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                key = dotted(target)
+                if not key or not key.startswith("self.") or key.count(".") != 1:
+                    continue
+                attr = key[5:]
+                if _makes_parameter(owner, stmt.value) and f"{attr}.requires_grad" not in text:
+                    made.setdefault(attr, (owner.ctx.path, stmt.lineno))
+                else:
+                    other.add(attr)
+    return {attr: where for attr, where in made.items() if attr not in other}
+
+
+def _makes_parameter(fl: FileLoops, value: ast.expr | None) -> bool:
+    if not isinstance(value, ast.Call) or fl.ctx.qualname(value.func) not in _PARAMETER_CLASSES:
+        return False
+    for kw in value.keywords:
+        if kw.arg == "requires_grad":
+            return isinstance(kw.value, ast.Constant) and kw.value.value is True
+    return len(value.args) < 2  # `Parameter(t, False)`: a second argument may turn it off

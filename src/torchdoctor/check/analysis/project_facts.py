@@ -130,6 +130,22 @@ def self_moving_classes(source: str) -> dict[str, bool]:
 _LOADER_WORDS = ("loader", "Loader", "_dl")
 
 
+def parameter_classes(source: str) -> set[str]:
+    """Classes whose body makes an `nn.Parameter` (`self.b = nn.Parameter(...)`): code
+    that builds one may update its parameters in place (TD213 asks)."""
+    found: set[str] = set()
+    if "Parameter(" not in source or "class" not in source:
+        return found
+    source = as_lf(source)
+    for match in CLASS_HEADER.finditer(source):
+        indent = len(match.group(0)) - len(match.group(0).lstrip(" \t"))
+        body_end = _body_end(indent).search(source, match.end())
+        body = source[match.end() : body_end.start() if body_end else len(source)]
+        if "Parameter(" in body:
+            found.add(match.group(1))
+    return found
+
+
 def is_candidate(source: str) -> bool:
     """Whether a file may pass a moved model or a loader to another file's function."""
     return (
@@ -302,6 +318,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`
     pickling: list[tuple[str, str]] = []  # files that may pickle a whole module
     moving: set[str] = set()
+    parameters: set[str] = set()
     extensions: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
@@ -322,6 +339,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         moving |= moving_classes(source)
         for name, maybe in self_moving_classes(source).items():
             self_moving.setdefault(name, []).append(maybe)
+        parameters |= parameter_classes(source)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
         zeroing = zeroing_calls(source)
         if zeroing is not None:
@@ -364,6 +382,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             if any(f"{name}(" in source for name in index.self_moving)
             and _LOADER_ARGUMENT.search(source) is not None
         ]
+    index.parameter_classes = index.subclasses_of(parameters)
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)
     if wrapping and count > 1:

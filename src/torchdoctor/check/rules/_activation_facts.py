@@ -200,3 +200,82 @@ def _last_binding(fi: FunctionInfo, name: str, line: int) -> ast.stmt | None:
 def _short(ctx: FileContext, node: ast.AST) -> str:
     text = re.sub(r"\s+", " ", ctx.segment(node))
     return text if len(text) <= 50 else text[:47] + "..."
+
+
+_DICT_WRITES = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
+
+
+def str_key(node: ast.expr) -> str | None:
+    """`"logits"` of `out["logits"]`: a string item, so `out` holds a dict, not a tensor."""
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            return key.value
+    return None
+
+
+def is_item(node: ast.expr, name: str, key: str) -> bool:
+    """`node` is `name[key]`."""
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == name
+        and str_key(node) == key
+    )
+
+
+def item_binding(fi: FunctionInfo, name: str, key: str, line: int) -> ast.stmt | None:
+    """The last statement above `line` in `fi` that binds `name` or its item `key`
+    (`ret = {}`, `ret["p"] = ...`, `ret["p"], ret["q"] = pair`); None: none."""
+    last: ast.stmt | None = None
+    for stmt in fi.own_statements():
+        if stmt.lineno >= line or isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        targets: list[ast.expr] = []
+        if isinstance(stmt, ast.Assign):
+            targets = list(stmt.targets)
+        elif isinstance(stmt, ast.AugAssign | ast.AnnAssign | ast.For | ast.Delete):
+            targets = list(stmt.targets) if isinstance(stmt, ast.Delete) else [stmt.target]
+        hit = False
+        for target in targets:
+            parts = target.elts if isinstance(target, ast.Tuple | ast.List) else [target]
+            for part in parts:
+                if is_item(part, name, key) or (isinstance(part, ast.Name) and part.id == name):
+                    hit = True
+                elif (
+                    isinstance(part, ast.Subscript)
+                    and isinstance(part.value, ast.Name)
+                    and part.value.id == name
+                    and str_key(part) is None
+                ):
+                    hit = True  # `ret[k] = ...`: any item, maybe this one (not understood)
+                elif isinstance(part, ast.Starred | ast.Tuple | ast.List) and _binds(stmt, name):
+                    hit = True
+        if (
+            isinstance(stmt, ast.Expr)
+            and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Attribute)
+            and isinstance(stmt.value.func.value, ast.Name)
+            and stmt.value.func.value.id == name
+            and stmt.value.func.attr in _DICT_WRITES
+        ):
+            hit = True  # `ret.update(...)`: not understood
+        if hit and (last is None or stmt.lineno >= last.lineno):
+            last = stmt
+    return last
+
+
+def str_key_of(node: ast.expr | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _function_called(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> FunctionInfo | None:
+    """The plain function `f(...)` runs: the file's own, or one a sibling module defines
+    and this file imports (`from .utils import predict`, `utils.predict(...)`)."""
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in fi.local_names():
+        return None
+    found = fl.resolve(fi, call)
+    if found is None or found[1] or found[0].cls is not None:
+        return None
+    return found[0]

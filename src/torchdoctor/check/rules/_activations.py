@@ -38,6 +38,7 @@ from torchdoctor.check.rules._activation_facts import (
     SOFTMAX,
     _binds,
     _class_forward,
+    _function_called,
     _is_empty,
     _last_binding,
     _module_activation,
@@ -47,6 +48,10 @@ from torchdoctor.check.rules._activation_facts import (
     _short,
     _where,
     assigned_calls,
+    is_item,
+    item_binding,
+    str_key,
+    str_key_of,
 )
 
 _BUDGET = 400  # steps of one walk: a large class with many callers stays fast
@@ -85,6 +90,11 @@ def activation(
     if isinstance(expr, ast.Name):
         return _name(fl, fi, expr, depth, walk_)
     if isinstance(expr, ast.Subscript):
+        key = str_key(expr)
+        if key is not None:  # `out["probs"]`: an item of a dict
+            found = _item(fl, fi, expr.value, key, expr.lineno, depth + 1, walk_)
+            if found is not None:
+                return found
         return activation(fl, fi, expr.value, depth + 1, walk_)  # a part of the values
     if not isinstance(expr, ast.Call):
         return None
@@ -141,18 +151,6 @@ def activation(
     return _model_output(fl, fi, func, expr, depth, walk_)
 
 
-def _function_called(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> FunctionInfo | None:
-    """The plain function `f(...)` runs: the file's own, or one a sibling module defines
-    and this file imports (`from .utils import predict`, `utils.predict(...)`)."""
-    func = call.func
-    if isinstance(func, ast.Name) and func.id in fi.local_names():
-        return None
-    found = fl.resolve(fi, call)
-    if found is None or found[1] or found[0].cls is not None:
-        return None
-    return found[0]
-
-
 def _name(
     fl: FileLoops, fi: FunctionInfo, expr: ast.Name, depth: int, walk_: _Walk
 ) -> tuple[str, str] | None:
@@ -183,10 +181,66 @@ def _name(
     return found[0], f"`{expr.id}` = {found[1]}"
 
 
-def _item_of_call(
-    fl: FileLoops, fi: FunctionInfo, call: ast.Call, index: int, depth: int, walk_: _Walk
+def _item(
+    fl: FileLoops,
+    fi: FunctionInfo,
+    base: ast.expr,
+    key: str,
+    line: int,
+    depth: int,
+    walk_: _Walk,
 ) -> tuple[str, str] | None:
-    """Item `index` of the tuple a call of the file's function or method returns."""
+    """Item `key` of the dict `base` holds at `line`: the last `d[key] = v` (or tuple
+    unpacking into it) above, a `d = {key: v}` display, the dict a function returns, or,
+    for a parameter, what its callers in the file pass."""
+    if isinstance(base, ast.Call):
+        return _item_of_call(fl, fi, base, None, depth, walk_, key)
+    if not isinstance(base, ast.Name) or depth > _MAX_DEPTH:
+        return None
+    name = base.id
+    stmt = item_binding(fi, name, key, line)
+    if stmt is None:
+        if name in fi.params() and not fi.is_module:
+            return _from_callers(fl, fi, name, depth, walk_, key)
+        return None
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return None
+    target, value = stmt.targets[0], stmt.value
+    found = None
+    if is_item(target, name, key):
+        found = activation(fl, fi, value, depth + 1, walk_)
+    elif isinstance(target, ast.Tuple | ast.List):
+        elts = target.elts
+        index = next((i for i, t in enumerate(elts) if is_item(t, name, key)), None)
+        if index is None or any(isinstance(t, ast.Starred) for t in elts):
+            return None
+        if isinstance(value, ast.Tuple | ast.List) and len(value.elts) == len(elts):
+            found = activation(fl, fi, value.elts[index], depth + 1, walk_)
+        elif isinstance(value, ast.Call):
+            found = _item_of_call(fl, fi, value, index, depth, walk_)
+    elif isinstance(target, ast.Name) and isinstance(value, ast.Dict):
+        if None in value.keys:
+            return None  # `{**other, ...}`
+        items = [v for k, v in zip(value.keys, value.values, strict=True) if str_key_of(k) == key]
+        found = activation(fl, fi, items[-1], depth + 1, walk_) if items else None
+    elif isinstance(target, ast.Name) and isinstance(value, ast.Call):
+        found = _item_of_call(fl, fi, value, None, depth, walk_, key)
+    if found is None:
+        return None
+    return found[0], f"`{name}[{key!r}]` = {found[1]}"
+
+
+def _item_of_call(
+    fl: FileLoops,
+    fi: FunctionInfo,
+    call: ast.Call,
+    index: int | None,
+    depth: int,
+    walk_: _Walk,
+    key: str | None = None,
+) -> tuple[str, str] | None:
+    """Item `index` of the tuple (or `key` of the dict) a call of the file's function or
+    method returns."""
     func = call.func
     callee: FunctionInfo | None = None
     inner = walk_
@@ -197,7 +251,7 @@ def _item_of_call(
             callee = method_of(fl, walk_.self_cls, func.attr)
     else:
         callee, inner = _function_called(fl, fi, call), walk_.to(None)
-    return _returned(fl, fi, call, callee, depth, inner, index)
+    return _returned(fl, fi, call, callee, depth, inner, index, key)
 
 
 def _returned(
@@ -208,9 +262,11 @@ def _returned(
     depth: int,
     walk_: _Walk,
     index: int | None = None,
+    key: str | None = None,
 ) -> tuple[str, str] | None:
     """What every `return` of `callee` that can run under the walk's tests gives (item
-    `index` of a returned tuple); a returned parameter is what `call` passes for it."""
+    `index` of a returned tuple, item `key` of a returned dict); a returned parameter is
+    what `call` passes for it."""
     if callee is None:
         return None
     owner = file_of(callee)  # this file, or the sibling module that defines it
@@ -234,7 +290,18 @@ def _returned(
         if value is None:
             return None
         first = first or stmt
-        if (
+        if key is not None:
+            if (
+                isinstance(value, ast.Name)
+                and value.id in callee.params()
+                and item_binding(callee, value.id, key, stmt.lineno) is None
+            ):  # the dict the call passes, returned
+                arg = argument_for(callee, call, value.id)
+                found = None if arg is None else _item(fl, fi, arg, key, call.lineno, depth, walk_)
+                results.append(found)
+            else:
+                results.append(_item(owner, callee, value, key, stmt.lineno, depth + 1, walk_))
+        elif (
             isinstance(value, ast.Name)
             and value.id in callee.params()
             and _last_binding(callee, value.id, value.lineno) is None
@@ -249,6 +316,7 @@ def _returned(
     if first is None or len(kinds) != 1:
         return None
     what = f"item {index} of the tuple `{callee.name}` returns" if index is not None else ""
+    what = f"item {key!r} of the dict `{callee.name}` returns" if key is not None else what
     what = what or f"`{callee.name}` returns"
     proof = results[0][1] if results[0] is not None else ""
     return kinds.pop(), (
@@ -257,11 +325,12 @@ def _returned(
 
 
 def _from_callers(
-    fl: FileLoops, fi: FunctionInfo, param: str, depth: int, walk_: _Walk
+    fl: FileLoops, fi: FunctionInfo, param: str, depth: int, walk_: _Walk, key: str | None = None
 ) -> tuple[str, str] | None:
-    """A parameter of a method: what a `self.<method>(...)` call in the file passes."""
+    """A parameter of a method: what a `self.<method>(...)` call in the file passes; of a
+    plain function: what a call of it in the file passes (its item `key`, if given)."""
     if fi.cls is None:
-        return None
+        return _from_function_callers(fl, fi, param, depth, walk_, key)
     for caller, call, self_cls in self_call_sites(fl, fi):
         if walk_.self_cls not in (None, fi.cls.name) and self_cls != walk_.self_cls:
             continue
@@ -278,11 +347,40 @@ def _from_callers(
             for c in walk_.params
         ):
             continue  # this caller's constant argument rules out the loss call's branch
-        found = activation(fl, caller, arg, depth + 1, walk_.to(self_cls, conds))
+        inner = walk_.to(self_cls, conds)
+        if key is None:
+            found = activation(fl, caller, arg, depth + 1, inner)
+        else:
+            found = _item(fl, caller, arg, key, call.lineno, depth + 1, inner)
         if found is not None:
             return found[0], (
                 f"`{param}`, which `{self_cls}.{caller.name}` passes as "
                 f"{found[1]} (line {call.lineno})"
+            )
+    return None
+
+
+def _from_function_callers(
+    fl: FileLoops, fi: FunctionInfo, param: str, depth: int, walk_: _Walk, key: str | None
+) -> tuple[str, str] | None:
+    """A parameter of a plain function of the file: what a call of it passes."""
+    if fi.parent is not None or fi.file is not fl:
+        return None
+    for caller, event in fl.callers(fi):
+        call = event.node
+        if not isinstance(call, ast.Call):
+            continue
+        arg = argument_for(fi, call, param)
+        if arg is None:
+            continue
+        inner = walk_.to(caller.cls.name if caller.cls is not None else None, [])
+        if key is None:
+            found = activation(fl, caller, arg, depth + 1, inner)
+        else:
+            found = _item(fl, caller, arg, key, call.lineno, depth + 1, inner)
+        if found is not None:
+            return found[0], (
+                f"`{param}`, which `{caller.name}` passes as {found[1]} (line {call.lineno})"
             )
     return None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import re
 
+from torchdoctor.check.analysis.class_calls import project_class
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.syntax import dotted
@@ -51,6 +52,7 @@ def loss_calls(ctx: FileContext, kinds: frozenset[str]) -> list[tuple[FunctionIn
         if "Loss(" in ctx.source
         else set()
     )
+    instances |= _user_loss_instances(fl)
     # a loss call's text names the loss, an instance of it or an import alias of it: only
     # statements on such lines are searched for calls
     lines = ctx.lines_holding((*_LOSS_WORDS, *instances, *ctx.call_needles(_LOSS_FUNCTION_NAMES)))
@@ -111,7 +113,104 @@ def loss_kind(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> str | None:
     key = dotted(call.func)
     if key is None:
         return None
-    kinds = {_LOSS_MODULES.get(ctx.qualname(v.func) or "") for v in assigned_calls(fl, fi, key)}
+    kinds = {
+        _LOSS_MODULES.get(ctx.qualname(v.func) or "") or user_loss_kind(fl, v.func)
+        for v in assigned_calls(fl, fi, key)
+    }
     if len(kinds) == 1:
         return kinds.pop()
     return None
+
+
+# `criterion = FocalLoss(gamma=2)`: an instance of a class (maybe a user loss)
+_BUILT_CLASS = re.compile(r"=\s*((?:\w+\.)*[A-Z]\w*)\(")
+# What a loss class's forward hands its input to: these take logits.
+_TAKES_LOGITS = {
+    "torch.nn.functional.log_softmax": CROSS_ENTROPY,
+    "torch.log_softmax": CROSS_ENTROPY,
+    "torch.nn.functional.cross_entropy": CROSS_ENTROPY,
+    "torch.nn.functional.binary_cross_entropy_with_logits": BCE_LOGITS,
+}
+_TAKES_LOGITS_MODULES = {
+    "torch.nn.CrossEntropyLoss": CROSS_ENTROPY,
+    "torch.nn.BCEWithLogitsLoss": BCE_LOGITS,
+}
+_RESHAPES = frozenset({"permute", "reshape", "view", "transpose", "contiguous", "flatten", "float"})
+
+
+def _user_loss_instances(fl: FileLoops) -> set[str]:
+    """Names assigned an instance of a project class that is a loss taking logits."""
+    source = fl.ctx.source
+    project = fl.ctx.project.module_classes
+    # cheap first: the project's module classes the file builds (anchored on the call)
+    built = {m.group(1) for m in _BUILT_CLASS.finditer(source)}
+    losses = {c for c in built if c.rsplit(".", 1)[-1] in project and _class_kind(fl, c)}
+    found = set()
+    for cls in losses:
+        found |= set(re.findall(rf"(\w+)\s*=\s*{re.escape(cls)}\(", source))
+    return found
+
+
+def user_loss_kind(fl: FileLoops, func: ast.expr) -> str | None:
+    """CROSS_ENTROPY / BCE_LOGITS when `func(...)` builds a project module class whose
+    `forward` hands its first input, at most reshaped, to log_softmax or cross_entropy
+    (or to binary_cross_entropy_with_logits): a loss that takes logits, like
+    `FocalLoss` built on `F.log_softmax(x)` + NLL."""
+    name = dotted(func)
+    if not name or name.rsplit(".", 1)[-1] not in fl.ctx.project.module_classes:
+        return None  # not a module class of the project (cheap: before any lookup)
+    return _class_kind(fl, name)
+
+
+def _class_kind(fl: FileLoops, name: str) -> str | None:
+    found = project_class(fl, name)
+    if found is None:
+        return None
+    owner, cls = found
+    forward = owner.methods.get(cls.name, {}).get("forward")
+    if forward is None or not forward.params():
+        return None
+    x = forward.params()[0]
+    for stmt in forward.own_statements():  # `x` keeps the input's values, reshaped at most
+        if isinstance(stmt, ast.AugAssign | ast.AnnAssign | ast.For) and _names(stmt.target, x):
+            return None
+        if (
+            isinstance(stmt, ast.Assign)
+            and any(_names(t, x) for t in stmt.targets)
+            and (len(stmt.targets) != 1 or not _reshaped(stmt.value, x))
+        ):
+            return None
+    kinds = set()
+    for node in ast.walk(forward.node):
+        if not isinstance(node, ast.Call):
+            continue
+        kind = _TAKES_LOGITS.get(owner.ctx.qualname(node.func) or "")
+        arg = node.args[0] if node.args else None
+        func = node.func
+        if kind is None and isinstance(func, ast.Attribute) and func.attr == "log_softmax":
+            kind, arg = CROSS_ENTROPY, func.value
+        elif kind is None and (attr := dotted(func) or "").startswith("self."):
+            # `self.ce(x, y)` with `self.ce = nn.CrossEntropyLoss()` in the class
+            built = {
+                _TAKES_LOGITS_MODULES.get(owner.ctx.qualname(c.func) or "")
+                for c in assigned_calls(owner, forward, attr)
+            }
+            kind = built.pop() if len(built) == 1 else None
+        if kind is not None and arg is not None and _reshaped(arg, x):
+            kinds.add(kind)
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _names(target: ast.expr, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(target))
+
+
+def _reshaped(expr: ast.expr, name: str) -> bool:
+    """`x`, `x.permute(...).reshape(-1, c)`: the values of `name`, reshaped at most."""
+    while (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Attribute)
+        and expr.func.attr in _RESHAPES
+    ):
+        expr = expr.func.value
+    return isinstance(expr, ast.Name) and expr.id == name

@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torchdoctor.check.analysis.class_calls import parameter_attributes, project_class
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_item_context
@@ -61,6 +62,8 @@ _INPLACE = frozenset(
 # `w -= ...`, `w.add_(...)`, `w[i] = ...`: any in-place write at all
 _INPLACE_TEXT = re.compile(r"[-+*/@]=|[a-z]_\(|\]\s*=[^=]")
 _LEAF_WORDS = ("requires_grad", "Parameter(", "parameters()")
+# `head = SoftmaxHead(...)`: an instance of a class whose attributes may be parameters
+_BUILDS = re.compile(r"=\s*(?:\w+\.)*([A-Z]\w*)\(")
 _PARAMETER_CLASSES = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter", "Parameter"})
 
 
@@ -84,7 +87,12 @@ class InplaceOnLeaf(Rule):
       `.requires_grad_()` or `nn.Parameter(...)`;
     - a parameter from `for p in model.parameters():` in a function that also runs
       `backward()` (a hand-written update step);
-    - a `self.weight = nn.Parameter(...)` updated in the module's `forward`.
+    - a `self.weight = nn.Parameter(...)` updated in the module's `forward`;
+    - a parameter attribute of an object built in the function from a module class of
+      the project (`head = ScoreHead(...)`, `head.bias[i] = -1e4`), the class defined
+      in the file or in the module it is imported from.
+
+    Writes inside `pytest.raises(...)` / `assertRaises(...)` expect the error.
 
     Updates of `p.data` or `p.grad` are not in-place updates of the leaf itself.
 
@@ -120,16 +128,39 @@ class InplaceOnLeaf(Rule):
     name = "inplace-on-leaf"
     category = "training"
     severity = Severity.ERROR
-    triggers: ClassVar[tuple[str, ...]] = ("requires_grad", "Parameter", "parameters()")
+    # the words of a leaf made here, or an in-place write (to a parameter of an object
+    # built from a class of the project that makes one: `head.b[i] = 0`)
+    triggers: ClassVar[tuple[str, ...]] = (
+        "requires_grad",
+        "Parameter",
+        "parameters()",
+        "]=",
+        "] =",
+        "+=",
+        "-=",
+        "*=",
+        "/=",
+        "_(",
+    )
 
     def finish(self) -> None:
-        if not is_torch_file(self.ctx.source):
+        # class -> its parameter attributes (the classes stay alive while the file is checked)
+        self._params: dict[int, dict[str, tuple[str, int]]] = {}
+        src = self.ctx.source
+        leafy = any(t in src for t in ("requires_grad", "Parameter", "parameters()"))
+        built: set[str] = set()
+        if self.ctx.project.parameter_classes:
+            # cheap: the CapWords calls of the file against the project's classes
+            built = {m.group(1) for m in _BUILDS.finditer(src)}
+            built &= self.ctx.project.parameter_classes
+        if not (leafy or built) or not is_torch_file(src):
             return
         fl = analysis(self.ctx)
         for fi in fl.all_functions():
             text = fi.text
             forward = fi.cls is not None and fi.name == "forward" and "self." in text
-            if not forward and not any(t in text for t in _LEAF_WORDS):
+            builds = "requires_grad" not in text and any(f"{c}(" in text for c in built)
+            if not forward and not builds and not any(t in text for t in _LEAF_WORDS):
                 continue  # no leaf made or named here (cheap: substrings before the regex)
             if not _INPLACE_TEXT.search(text):
                 continue  # nothing is updated in place here
@@ -167,6 +198,8 @@ class InplaceOnLeaf(Rule):
                 how = self._leaf_value(stmt.value)
                 if key and how:
                     leaves.append(Leaf(key, stmt.lineno, how))
+                elif key and "requires_grad" not in fi.text:
+                    leaves.extend(self._instance_parameters(fi, key, stmt))
             elif isinstance(stmt, ast.For) and trains:
                 it = stmt.iter
                 if (
@@ -186,6 +219,35 @@ class InplaceOnLeaf(Rule):
             for key, line in class_params.items():
                 leaves.append(Leaf(key, line, f"an `nn.Parameter` of `{fi.cls.name}`"))
         return leaves
+
+    def _instance_parameters(self, fi: FunctionInfo, key: str, stmt: ast.Assign) -> list[Leaf]:
+        """`head = SoftmaxHead(...)`: `head.b` for each `nn.Parameter` attribute the class
+        (here or in the module it is imported from) makes."""
+        value = stmt.value
+        if not isinstance(value, ast.Call):
+            return []
+        name = dotted(value.func) or ""
+        if name.rsplit(".", 1)[-1] not in self.ctx.project.parameter_classes:
+            return []  # cheap first: no class of that name makes a parameter
+        if not self.ctx.project.is_module_class_name(self.ctx.qualname(value.func) or name):
+            return []
+        found = project_class(analysis(self.ctx), name)
+        if found is None:
+            return []
+        owner, cls = found
+        params = self._params.get(id(cls))
+        if params is None:
+            params = self._params[id(cls)] = parameter_attributes(owner, cls)
+        where = "" if owner.ctx is self.ctx else f" in {owner.ctx.path.rsplit('/', 1)[-1]}"
+        return [
+            Leaf(
+                f"{key}.{attr}",
+                stmt.lineno,
+                f"`{attr}` is an `nn.Parameter` of `{cls.name}`, line {line}{where}; "
+                f"`{key}` is built",
+            )
+            for attr, (_path, line) in params.items()
+        ]
 
     def _leaf_value(self, value: ast.expr) -> str | None:
         if not isinstance(value, ast.Call):
@@ -212,6 +274,14 @@ class InplaceOnLeaf(Rule):
         return None
 
 
+def _expects_error(expr: ast.expr) -> bool:
+    """`pytest.raises(...)`, `self.assertRaises(...)`, `self.assertRaisesRegex(...)`."""
+    if not isinstance(expr, ast.Call):
+        return False
+    name = (dotted(expr.func) or "").rsplit(".", 1)[-1]
+    return name in ("raises", "assertRaises", "assertRaisesRegex")
+
+
 class _Walker:
     """Walks one function tracking no_grad blocks and the latest binding of each leaf."""
 
@@ -231,6 +301,8 @@ class _Walker:
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 continue
             if isinstance(stmt, ast.With | ast.AsyncWith):
+                if any(_expects_error(item.context_expr) for item in stmt.items):
+                    continue  # `with pytest.raises(RuntimeError):` the error is the test
                 inner = no_grad
                 for item in stmt.items:
                     gc = with_item_context(self.ctx, item.context_expr, self.autocast_names)
@@ -299,6 +371,7 @@ class _Walker:
         for stmt in self.fi.own_statements():
             if latest_line < stmt.lineno < line and isinstance(stmt, ast.Assign | ast.AnnAssign):
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                if any(dotted(t) == key for t in targets):
-                    return None
+                bound = [d for t in targets for d in (dotted(t),) if d]
+                if any(key == d or key.startswith(d + ".") for d in bound):
+                    return None  # `w` or the object holding it (`head = ...`) bound again
         return latest

@@ -5,9 +5,12 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from torchdoctor.check.analysis.class_calls import project_mro
 from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_item_context
-from torchdoctor.check.context import walk
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.rule import Rule, Severity
 
 # Ops whose backward reads their own output: autograd saves the result.
@@ -41,12 +44,14 @@ _MATMULS = frozenset({"matmul", "mm", "bmm", "mul", "div", "einsum"})
 class _State:
     tainted: set[str] = field(default_factory=set)  # names holding values that need grad
     saved: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> (line, why)
+    layers: set[str] = field(default_factory=set)  # `for layer in self.blocks:` names
 
     def copy(self) -> _State:
-        return _State(set(self.tainted), dict(self.saved))
+        return _State(set(self.tainted), dict(self.saved), set(self.layers))
 
     def merge(self, other: _State) -> None:
         self.tainted |= other.tainted
+        self.layers &= other.layers
         for name, why in other.saved.items():
             self.saved.setdefault(name, why)
 
@@ -54,6 +59,10 @@ class _State:
 # What an in-place write looks like in text: `x += y`, `x.mul_(` (not `__init__(`),
 # `inplace=True`, `x[i] = v`.
 _INPLACE_TEXT = re.compile(r"(?:[-+*/@%&|^]|//|\*\*|<<|>>)=|[a-z0-9]_\(|inplace|\]\s*=(?!=)")
+
+
+_SELF_CALL = re.compile(r"\bself\.(\w+)\(")
+_SELF_ASSIGNED = re.compile(r"\bself\.(\w+)\s*(?::[^=\n]*)?=[^=]")
 
 
 class InplaceOnSavedTensor(Rule):
@@ -72,6 +81,8 @@ class InplaceOnSavedTensor(Rule):
       or `nn.ReLU`/`nn.Sigmoid`/... layers);
     - an operand of `*`, `/`, `@`, `matmul`, ... whose other operand needs gradients.
 
+    Methods the class inherits, also from a base class in another file of the project,
+    are followed too (`self.value(x)` of a base that calls the subclass's layers).
     A name bound again (`x = x + skip`) is a new tensor and is no longer followed.
     Tensors whose need for gradients the code does not show (a `forward` argument) are
     not followed: the rule stays quiet where it cannot tell.
@@ -115,39 +126,67 @@ class InplaceOnSavedTensor(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("self.",)
 
     def finish(self) -> None:
+        fl = None
         for cls in file_flow(self.ctx).every_class():
             if not self.ctx.is_module_class(cls):
                 continue
             if not _INPLACE_TEXT.search(self.ctx.segment(cls)):
                 continue  # cheap first: no in-place write in the class's text
-            layers = self._layers(cls)
-            methods = [
-                m
-                for m in cls.body
-                if isinstance(m, ast.FunctionDef)
-                and m.name != "__init__"
-                and not is_no_grad_decorated(self.ctx, m)
-            ]
+            fl = fl or analysis(self.ctx)
+            # The class and its bases, also those of other files of the project: an
+            # inherited `self.V(x)` runs the base's method, which may call this class's.
+            layers: dict[str, str] = {}
+            methods: list[tuple[FileContext, ast.FunctionDef, bool]] = []
+            seen: set[str] = set()
+            chain = project_mro(fl, cls) if self._readable_base(cls) else [(fl, cls)]
+            for owner, node in chain:
+                for attr, kind in self._layers(owner.ctx, node).items():
+                    layers.setdefault(attr, kind)
+                for m in node.body:
+                    if isinstance(m, ast.FunctionDef) and m.name not in seen:
+                        seen.add(m.name)
+                        if m.name != "__init__" and not is_no_grad_decorated(owner.ctx, m):
+                            methods.append((owner.ctx, m, node is cls))
             # Summaries first: which methods return a value that needs grad
             # (`self.encode(x)` is then followed like a layer's output).
             returns_grad: set[str] = set()
-            for _ in range(2):
-                for method in methods:
-                    walker = _Method(self, layers, returns_grad, report=False)
+            for _ in range(4):
+                before = len(returns_grad)
+                for ctx, method, _own in methods:
+                    walker = _Method(self, ctx, layers, returns_grad, report=False)
                     walker.block(method.body, _State(), False)
                     if walker.returns_grad:
                         returns_grad.add(method.name)
-            for method in methods:
-                _Method(self, layers, returns_grad).block(method.body, _State(), False)
+                if len(returns_grad) == before:
+                    break
+            for ctx, method, own in methods:
+                if own:
+                    _Method(self, ctx, layers, returns_grad).block(method.body, _State(), False)
 
-    def _layers(self, cls: ast.ClassDef) -> dict[str, str]:
+    def _readable_base(self, cls: ast.ClassDef) -> bool:
+        """The class calls `self.m(...)` it neither defines nor assigns, and has a base
+        that is not torch's: defined in the file or imported (maybe from a module of
+        the project)."""
+        text = self.ctx.segment(cls)
+        called = set(_SELF_CALL.findall(text))
+        called -= {m.name for m in cls.body if isinstance(m, ast.FunctionDef)}
+        called -= set(_SELF_ASSIGNED.findall(text))
+        if not called:
+            return False  # cheap first: nothing a base defines is used
+        for base in cls.bases:
+            name = self.ctx.qualname(base) or dotted(base) or ""
+            if name and not name.startswith(("torch.", "typing.", "abc.")):
+                return True
+        return False
+
+    def _layers(self, ctx: FileContext, cls: ast.ClassDef) -> dict[str, str]:
         """`self.act` -> what the class's assignments make it: "saves" (its output is
         saved), "inplace", "both", "param", "pass" (no parameters), "weights"."""
         layers: dict[str, str] = {}
         for node in walk(cls):
             if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
                 continue
-            name = self.ctx.qualname(node.value.func) or ""
+            name = ctx.qualname(node.value.func) or ""
             last = name.rsplit(".", 1)[-1]
             inplace = any(
                 k.arg == "inplace" and isinstance(k.value, ast.Constant) and k.value.value is True
@@ -180,13 +219,14 @@ class _Method:
     def __init__(
         self,
         rule: InplaceOnSavedTensor,
+        ctx: FileContext,
         layers: dict[str, str],
         grad_methods: set[str],
         *,
         report: bool = True,
     ) -> None:
         self.rule = rule
-        self.ctx = rule.ctx
+        self.ctx = ctx  # the file the method is in (a base class may be in another)
         self.layers = layers
         self.grad_methods = grad_methods  # methods of the class that return grad values
         self.reporting = report
@@ -215,6 +255,12 @@ class _Method:
             state.merge(other)
             return
         if isinstance(stmt, ast.For | ast.While):
+            if isinstance(stmt, ast.For) and isinstance(stmt.target, ast.Name):
+                state.tainted.discard(stmt.target.id)
+                state.saved.pop(stmt.target.id, None)
+                state.layers.discard(stmt.target.id)
+                if self.layer_container(stmt.iter):
+                    state.layers.add(stmt.target.id)  # each item is one of its layers
             for _ in range(2):  # the next pass sees what the last one left
                 self.block(stmt.body, state, no_grad)
             self.block(stmt.orelse, state, no_grad)
@@ -243,6 +289,7 @@ class _Method:
         for name in names:
             state.saved.pop(name, None)
             state.tainted.discard(name)
+            state.layers.discard(name)
             if needs_grad:
                 state.tainted.add(name)
         why = self.result_saved(value) if needs_grad else None
@@ -255,10 +302,27 @@ class _Method:
                     state.saved[elt.id] = (line, views)
 
     # -- what needs grad, what is saved ---------------------------------------
+    def layer_container(self, expr: ast.expr) -> bool:
+        """`self.blocks` (or a slice of it) where the class makes it a layer with
+        parameters (`nn.Sequential(...)`, `nn.ModuleList(...)`)."""
+        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Slice):
+            expr = expr.value
+        return (
+            isinstance(expr, ast.Attribute)
+            and _is_self(expr.value)
+            and self.layers.get(expr.attr) == "weights"
+        )
+
     def needs_grad(self, expr: ast.expr, state: _State) -> bool:
         for node in ast.walk(expr):
             if isinstance(node, ast.Name) and node.id in state.tainted:
                 return True
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in state.layers
+            ):
+                return True  # `x = layer(x)` over the layers of a container with weights
             if (
                 isinstance(node, ast.Attribute)
                 and _is_self(node.value)

@@ -18,11 +18,15 @@ class SoftmaxIntoCrossEntropy(Rule):
 
     ## What it does
     Finds `F.cross_entropy` / `nn.CrossEntropyLoss` calls whose input is the output
-    of `softmax` -- directly, through a variable, or from a model whose `forward`
+    of `softmax` -- directly, through a variable or a dict item (`out["probs"]`, also
+    one a function returns or a caller passes), or from a model whose `forward`
     ends in a softmax or whose last layer is `nn.Softmax` -- and `F.nll_loss` /
     `nn.NLLLoss` calls given plain softmax probabilities instead of
-    log-probabilities. A `log_softmax` output fed to `cross_entropy` is not
-    reported: log_softmax is idempotent, so the loss and its gradients are right.
+    log-probabilities. A loss class of the project whose `forward` hands its input,
+    reshaped at most, to `log_softmax` or `cross_entropy` (a focal loss built on
+    log-softmax and NLL) counts as `cross_entropy`. A `log_softmax` output fed to
+    `cross_entropy` is not reported: log_softmax is idempotent, so the loss and its
+    gradients are right.
 
     ## Why is this bad?
     `cross_entropy` applies `log_softmax` itself and expects raw logits. Given

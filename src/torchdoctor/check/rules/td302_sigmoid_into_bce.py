@@ -12,8 +12,10 @@ class SigmoidIntoBce(Rule):
 
     ## What it does
     Finds `F.binary_cross_entropy_with_logits` / `nn.BCEWithLogitsLoss` calls whose
-    input already went through a sigmoid -- directly, through a variable, or from a
-    model whose `forward` ends in `sigmoid` or whose last layer is `nn.Sigmoid`.
+    input already went through a sigmoid -- directly, through a variable or a dict
+    item, or from a model whose `forward` ends in `sigmoid` or whose last layer is
+    `nn.Sigmoid` -- and calls of a project loss class whose `forward` hands its input,
+    reshaped at most, to `binary_cross_entropy_with_logits`.
 
     A sigmoid output fed to `BCELoss` (numerically weaker, but a correct loss) is
     advice: TD304 says it, when advice is selected.
