@@ -58,7 +58,7 @@ def run_rule(
     rule = rules_by_code()[code]
     files = case_files(case)
     sources = {f: read_fixture(f, newline) for f in files}
-    project = build_project(sources.values())
+    project = build_project((str(f), text) for f, text in sources.items())
     options = RunOptions(
         enabled=frozenset({code}),
         fix=fix,

@@ -102,6 +102,10 @@ class ProjectIndex:
     # TD204 asks whether another file may zero around a step method it calls
     # (analysis/project_facts.zeroing_calls).
     zeroing_calls: frozenset[str] = frozenset()
+    # Class name -> the files of the project that define a class of that name: what a
+    # method of an object built from it does is read there, on demand
+    # (analysis/kept_state.py; TD206 asks whether `meter.update(loss)` keeps `loss`).
+    class_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -144,12 +148,18 @@ class ProjectIndex:
             text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
+        if self.class_files:
+            text += "\nclass-files:" + _digest_text(repr(sorted(self.class_files.items())))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def is_module_class_name(self, name: str) -> bool:
         return name.rsplit(".", 1)[-1] in self.module_classes or _base_is_torch_module(name)
+
+
+def _digest_text(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def digest(facts: dict[str, tuple[CallFact, ...]]) -> str:

@@ -91,6 +91,10 @@ interpreters see the per-file objects above them only through protocols):
 - `mode_intent`   whether a `model.train()` in evaluation code is deliberate (MC dropout,
                   a phase flag) and the `if is_train: ... else: model.eval()` of a function
                   serving both phases
+- `kept_state`    objects that keep what their methods are given (`meter.update(loss)` adds
+                  `loss` up in `self`'s state): the receiver's class where the code builds
+                  it, its method read in the file or the project's file defining the class
+                  (`ProjectIndex.class_files`, loaded on demand; TD206)
 - `inline_events` a function's events with the events of the file's functions it calls in
                   place of each call (`Event.site`): a training loop split across methods
 """

@@ -343,6 +343,16 @@ def sibling_file(ctx: FileContext, module: str) -> FileLoops | None:
     return None
 
 
+def project_file(ctx: FileContext, path: str) -> FileLoops | None:
+    """Another file of the checked project (a path the project index names), analysed;
+    recorded as one the checked file's findings depend on."""
+    if os.path.abspath(path) == os.path.abspath(ctx.path):
+        return None
+    for reading in _READING:
+        reading.add(os.path.abspath(path))
+    return _load_sibling(path, ctx)
+
+
 def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:
     try:
         st = os.stat(path)

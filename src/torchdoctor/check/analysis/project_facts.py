@@ -70,6 +70,15 @@ def moving_classes(source: str) -> set[str]:
     return found
 
 
+# `class Meter:`: a class header without bases (CLASS_HEADER wants the brackets)
+_PLAIN_CLASS = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*:", re.MULTILINE)
+
+
+def plain_classes(source: str) -> list[str]:
+    """The classes `source` defines without a base list."""
+    return _PLAIN_CLASS.findall(source) if "class" in source else []
+
+
 def is_candidate(source: str) -> bool:
     """Whether a file may pass a moved model or a loader to another file's function."""
     return (
@@ -244,6 +253,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     extensions: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
+    class_files: dict[str, list[str]] = {}
     count = 0
     for item in sources:
         path, source = item if isinstance(item, tuple) else ("", item)
@@ -251,6 +261,9 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         index.add(file_classes)
         for name in file_classes:
             definitions[name] = definitions.get(name, 0) + 1
+        if path:
+            for name in {*file_classes, *plain_classes(source)}:
+                class_files.setdefault(name, []).append(path)
         moving |= moving_classes(source)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
         zeroing = zeroing_calls(source)
@@ -269,6 +282,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     index.moving_classes = frozenset(moving)
     index.cuda_extensions = frozenset(extensions)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
+    index.class_files = {name: tuple(paths) for name, paths in class_files.items()}
     index.resolve()
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)

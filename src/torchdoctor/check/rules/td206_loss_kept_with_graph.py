@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
+from collections.abc import Callable
 from typing import ClassVar
 
 from torchdoctor.check.analysis.events import BACKWARD, Event
 from torchdoctor.check.analysis.file_flow import file_flow
-from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.kept_state import kept_arguments
 from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.values import Kind
@@ -86,8 +89,9 @@ class LossKeptWithGraph(Rule):
             return
         fl = analysis(self.ctx)
         helpers = any(fl.backward_params(fi) for fi in fl.all_functions())
+        objects = bool(self.ctx.project.class_files) or "class " in self.ctx.source
         for fi in fl.all_functions():
-            if not _may_accumulate_a_loss(fi.text, helpers):
+            if not _may_accumulate_a_loss(fi.text, helpers, objects or fi.cls is not None):
                 continue
             events = [e for e in fl.events(fi) if e.kind == BACKWARD and e.expr is not None]
             if not events:
@@ -98,12 +102,13 @@ class LossKeptWithGraph(Rule):
                     loops[id(loop)] = loop
             backed = _backward_names(events)
             reported: set[int] = set()
+            kept = functools.partial(kept_arguments, self.ctx, fi) if objects else None
             for loop in loops.values():
                 graph = {name for e in events if e.in_loop(loop) for name in _loss_names(e)}
                 if not graph:
                     continue
-                graph |= _parts_of(loop, graph)
-                for stmt, acc, value in _accumulations(loop):
+                graph |= _parts_of(loop, graph) | _returned_parts(fl, fi, loop, graph)
+                for stmt, acc, value in _accumulations(loop, kept):
                     if id(stmt) in reported or acc in graph or acc in backed:
                         continue
                     culprit = self._carries_graph(fi, value, graph)
@@ -112,7 +117,33 @@ class LossKeptWithGraph(Rule):
                     if _used_in_backward(fi, acc, events):
                         continue
                     reported.add(id(stmt))
-                    self._report(fi, loop, stmt, acc, value, culprit, events)
+                    self._report(fi, loop, stmt, (acc, value, culprit), events, graph)
+            if fi.cls is not None and not fi.is_module:
+                self._kept_on_self(fl, fi, events, kept, reported)
+
+    def _kept_on_self(
+        self,
+        fl: FileLoops,
+        fi: FunctionInfo,
+        events: list[Event],
+        kept: Callable[[ast.Call], list[ast.expr]] | None,
+        reported: set[int],
+    ) -> None:
+        """A method that runs backward() is a training step, run once per batch: what it
+        adds up into `self`'s state (`self.meter.update(loss)`, `self.total += loss`)
+        outlives the call, like an accumulator defined before a loop."""
+        graph = _backward_names(events)
+        graph |= _parts_of(fi.node, graph) | _returned_parts(fl, fi, fi.node, graph)
+        for stmt, acc, value in _accumulations(fi.node, kept):
+            if id(stmt) in reported or acc in graph or not acc.startswith("self."):
+                continue
+            culprit = self._carries_graph(fi, value, graph)
+            if culprit is None or _reset_inside(fi.node, acc, stmt):
+                continue
+            if _used_in_backward(fi, acc, events):
+                continue
+            reported.add(id(stmt))
+            self._report(fi, fi.node, stmt, (acc, value, culprit), events, graph)
 
     def _carries_graph(self, fi: FunctionInfo, value: ast.expr, graph: set[str]) -> str | None:
         """The name in `value` that carries a graph, unless something detaches it."""
@@ -131,6 +162,11 @@ class LossKeptWithGraph(Rule):
             )
         if isinstance(value, ast.UnaryOp):
             return self._carries_graph(fi, value.operand, graph)
+        if isinstance(value, ast.List | ast.Tuple):  # `meter.update([l1, l2])`
+            for element in value.elts:
+                found = self._carries_graph(fi, element, graph)
+                if found is not None:
+                    return found
         return None  # calls (`.item()`, `float()`, `.detach()`), subscripts: left alone
 
     def _report(
@@ -138,22 +174,30 @@ class LossKeptWithGraph(Rule):
         fi: FunctionInfo,
         loop: ast.AST,
         stmt: ast.stmt,
-        acc: str,
-        value: ast.expr,
-        culprit: str,
+        kept: tuple[str, ast.expr, str],
         events: list[Event],
+        graph: set[str],
     ) -> None:
-        back = next((e for e in events if culprit in _loss_names(e) and e.in_loop(loop)), None)
+        acc, value, culprit = kept  # the accumulator, the value added, its graph's name
+        in_method = loop is fi.node
+        inside = [e for e in events if in_method or e.in_loop(loop)]
+        back = next((e for e in inside if culprit in _loss_names(e)), None)
         if back is not None and back.via is not None:
             proof = f" (`{self.ctx.segment(back.node)}` at line {back.line} runs its `backward()`)"
         elif back is not None:
             proof = f" (its `backward()` is at line {back.line})"
+        elif culprit in graph and inside:
+            proof = f" (a part of the loss whose `backward()` is at line {inside[0].line})"
         else:
             proof = " (computed with gradients on)"
+        where = (
+            f"across calls of `{fi.name}` (a training step: it runs `backward()`)"
+            if in_method
+            else f"on every pass of the loop at line {loop.lineno}"  # type: ignore[attr-defined]
+        )
         message = (
             f"`{self.ctx.segment(stmt)}` at line {stmt.lineno} keeps the autograd graph of "
-            f"`{culprit}`{proof} alive in `{acc}` on every pass of the loop at line "
-            f"{loop.lineno}: memory grows with every step"  # type: ignore[attr-defined]
+            f"`{culprit}`{proof} alive in `{acc}` {where}: memory grows with every step"
         )
         fix: Fix | None = None
         if isinstance(stmt, ast.AugAssign) and isinstance(value, ast.Name):
@@ -200,6 +244,40 @@ def _parts_of(loop: ast.AST, graph: set[str]) -> set[str]:
     return found
 
 
+def _returned_parts(fl: FileLoops, fi: FunctionInfo, scope: ast.AST, graph: set[str]) -> set[str]:
+    """Names unpacked from a call of the file's function together with a backward()ed
+    loss, that the callee added up into that loss (or returned twice):
+    `loss, l1 = self.compute(x)` where `compute` returns `l1 + l2, l1`."""
+    found: set[str] = set()
+    for node in walk(scope):
+        if not (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Tuple)
+            and isinstance(node.value, ast.Call)
+        ):
+            continue
+        names = [t.id if isinstance(t, ast.Name) else None for t in node.targets[0].elts]
+        if graph.isdisjoint(names):
+            continue
+        resolved = fl.resolve(fi, node.value, other_files=False)
+        if resolved is None or resolved[0].is_module:
+            continue
+        callee = resolved[0].node
+        for ret in walk(callee):
+            if not (
+                isinstance(ret, ast.Return)
+                and isinstance(ret.value, ast.Tuple)
+                and len(ret.value.elts) == len(names)
+            ):
+                continue
+            returned = [e.id if isinstance(e, ast.Name) else None for e in ret.value.elts]
+            losses = {r for r, n in zip(returned, names, strict=True) if r and n in graph}
+            parts = _parts_of(callee, losses) | losses  # `return loss, loss`: the same tensor
+            found |= {n for r, n in zip(returned, names, strict=True) if n and r in parts}
+    return found
+
+
 def _summands(node: ast.expr) -> set[str]:
     if isinstance(node, ast.Name):
         return {node.id}
@@ -210,21 +288,26 @@ def _summands(node: ast.expr) -> set[str]:
     return set()
 
 
-def _may_accumulate_a_loss(text: str, helpers: bool) -> bool:
+def _may_accumulate_a_loss(text: str, helpers: bool, objects: bool) -> bool:
     """A cheap text test: a backward call (not just a `def backward(` line; or a call of
-    one of the file's `helpers` that run backward() on what they are given), a loop, and
-    an accumulation (`+=`, `a = a + v`, `.append(`) may all be in this function."""
+    one of the file's `helpers` that run backward() on what they are given), and, in a
+    loop, or in a method (a training step run once per batch), an accumulation (`+=`,
+    `a = a + v`, `.append(`; with `objects`, any method call may be one) may all be in
+    this function."""
     body = line_end(text, 0)
     return (
         body < len(text)
         and (helpers or text.find("backward(", body) >= 0)
-        and ("for " in text or "while " in text)
-        and ("+" in text or "append(" in text)
+        and ("for " in text or "while " in text or "self." in text)
+        and ("+" in text or "append(" in text or objects)
     )
 
 
-def _accumulations(loop: ast.AST) -> list[tuple[ast.stmt, str, ast.expr]]:
-    """(statement, accumulator, added value) for `a += v`, `a = a + v`, `a.append(v)`."""
+def _accumulations(
+    loop: ast.AST, kept: Callable[[ast.Call], list[ast.expr]] | None = None
+) -> list[tuple[ast.stmt, str, ast.expr]]:
+    """(statement, accumulator, added value) for `a += v`, `a = a + v`, `a.append(v)`,
+    and with `kept`, `a.update(v)` of an object whose method adds `v` up in its state."""
     found: list[tuple[ast.stmt, str, ast.expr]] = []
     todo: list[ast.stmt] = list(getattr(loop, "body", []))
     while todo:
@@ -258,6 +341,10 @@ def _accumulations(loop: ast.AST) -> list[tuple[ast.stmt, str, ast.expr]]:
                 acc = dotted(call.func.value)
                 if acc is not None:
                     found.append((stmt, acc, call.args[0]))
+            elif kept is not None and isinstance(call.func, ast.Attribute):
+                acc = dotted(call.func.value)
+                if acc is not None:
+                    found += [(stmt, acc, arg) for arg in kept(call)]
     return found
 
 
