@@ -70,13 +70,23 @@ def moving_classes(source: str) -> set[str]:
     return found
 
 
-# `class Meter:`: a class header without bases (CLASS_HEADER wants the brackets)
-_PLAIN_CLASS = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*:", re.MULTILINE)
+# `class Meter:`: a class header without bases (CLASS_HEADER wants the brackets); found
+# from its `class` word, the line start checked after (a pattern that starts with `^` or
+# a lookbehind is tried at every position: 7 to 17 times slower on torch's tree)
+_PLAIN_CLASS = re.compile(r"class[ \t]+(\w+)[ \t]*:")
 
 
 def plain_classes(source: str) -> list[str]:
     """The classes `source` defines without a base list."""
-    return _PLAIN_CLASS.findall(source) if "class" in source else []
+    if "class" not in source:
+        return []
+    found = []
+    for match in _PLAIN_CLASS.finditer(source):
+        start = match.start()
+        line = max(source.rfind("\n", 0, start), source.rfind("\r", 0, start)) + 1
+        if not source[line:start].strip(" \t"):
+            found.append(match.group(1))
+    return found
 
 
 def is_candidate(source: str) -> bool:
