@@ -106,6 +106,11 @@ class ProjectIndex:
     # method of an object built from it does is read there, on demand
     # (analysis/kept_state.py; TD206 asks whether `meter.update(loss)` keeps `loss`).
     class_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Module name (a file's stem; a package's folder for its __init__.py) -> the project's
+    # files of that name: an import the folders beside the file do not resolve
+    # (`from pkg.utils.metrics import f` in a repository checked out under another name)
+    # is looked up by its dotted path's tail (analysis/file_loops.sibling_file).
+    module_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path`."""
@@ -148,8 +153,9 @@ class ProjectIndex:
             text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
-        if self.class_files:
-            text += "\nclass-files:" + _digest_text(repr(sorted(self.class_files.items())))
+        if self.class_files or self.module_files:
+            files = (sorted(self.class_files.items()), sorted(self.module_files.items()))
+            text += "\nfiles:" + _digest_text(repr(files))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]

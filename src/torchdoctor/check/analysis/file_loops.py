@@ -340,6 +340,24 @@ def sibling_file(ctx: FileContext, module: str) -> FileLoops | None:
                 for reading in _READING:
                     reading.add(os.path.abspath(candidate))
                 return _load_sibling(candidate, ctx)
+    if level:
+        return None
+    found = _by_tail(ctx, parts)
+    return project_file(ctx, found) if found is not None else None
+
+
+def _by_tail(ctx: FileContext, parts: list[str]) -> str | None:
+    """The one project file whose path ends with the longest tail of `parts` (two parts
+    at least: `utils/metrics.py` for `pkg.utils.metrics`); None where two files match."""
+    candidates = ctx.project.module_files.get(parts[-1], ())
+    paths = [c.replace("\\", "/").rsplit(".", 1)[0].removesuffix("/__init__") for c in candidates]
+    for start in range(len(parts) - 1):
+        tail = "/" + "/".join(parts[start:])
+        matches = [c for c, p in zip(candidates, paths, strict=True) if ("/" + p).endswith(tail)]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            return None
     return None
 
 

@@ -89,6 +89,13 @@ def plain_classes(source: str) -> list[str]:
     return found
 
 
+def module_name(path: str) -> str:
+    """`metrics` for `pkg/metrics.py`, `pkg` for `pkg/__init__.py`."""
+    parts = re.split(r"[\\/]", path)
+    stem = parts[-1].rsplit(".", 1)[0]
+    return parts[-2] if stem == "__init__" and len(parts) > 1 else stem
+
+
 def is_candidate(source: str) -> bool:
     """Whether a file may pass a moved model or a loader to another file's function."""
     return (
@@ -264,6 +271,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
     class_files: dict[str, list[str]] = {}
+    module_files: dict[str, list[str]] = {}
     count = 0
     for item in sources:
         path, source = item if isinstance(item, tuple) else ("", item)
@@ -274,6 +282,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         if path:
             for name in {*file_classes, *plain_classes(source)}:
                 class_files.setdefault(name, []).append(path)
+            module_files.setdefault(module_name(path), []).append(path)
         moving |= moving_classes(source)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
         zeroing = zeroing_calls(source)
@@ -293,6 +302,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     index.cuda_extensions = frozenset(extensions)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
     index.class_files = {name: tuple(paths) for name, paths in class_files.items()}
+    index.module_files = {name: tuple(paths) for name, paths in module_files.items()}
     index.resolve()
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)

@@ -10,6 +10,7 @@ from torchdoctor.check.analysis.events import BACKWARD, Event
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.graph_flow import graph_passing_parameter
 from torchdoctor.check.analysis.kept_state import kept_arguments
 from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.analysis.syntax import dotted
@@ -84,7 +85,10 @@ class LossKeptWithGraph(Rule):
     fix_availability = FixAvailability.SAFE
     triggers: ClassVar[tuple[str, ...]] = ("backward",)
 
+    _following: set[str]
+
     def finish(self) -> None:
+        self._following = set()
         if not is_torch_file(self.ctx.source):
             return
         fl = analysis(self.ctx)
@@ -108,6 +112,7 @@ class LossKeptWithGraph(Rule):
                 if not graph:
                     continue
                 graph |= _parts_of(loop, graph) | _returned_parts(fl, fi, loop, graph)
+                graph |= _fellow_outputs(loop, graph)
                 for stmt, acc, value in _accumulations(loop, kept):
                     if id(stmt) in reported or acc in graph or acc in backed:
                         continue
@@ -153,7 +158,7 @@ class LossKeptWithGraph(Rule):
             held = file_flow(self.ctx).scope(_scope_node(fi)).value(value)
             if held.kind is Kind.TENSOR and held.grad:
                 return value.id
-            return None
+            return self._bound_to_graph(fi, value.id, graph)
         if isinstance(value, ast.BinOp) and isinstance(
             value.op, ast.Add | ast.Sub | ast.Mult | ast.Div
         ):
@@ -162,12 +167,44 @@ class LossKeptWithGraph(Rule):
             )
         if isinstance(value, ast.UnaryOp):
             return self._carries_graph(fi, value.operand, graph)
+        if isinstance(value, ast.Call):  # a function of the project passing the graph on
+            resolved = analysis(self.ctx).resolve(fi, value)
+            if resolved is None or resolved[0].is_module or not value.args:
+                return None
+            callee, on_self = resolved
+            position = graph_passing_parameter(callee.node)  # type: ignore[arg-type]
+            index = position - 1 if on_self and position is not None else position
+            if index is None or not 0 <= index < len(value.args):
+                return None
+            if any(isinstance(a, ast.Starred) for a in value.args[: index + 1]):
+                return None
+            return self._carries_graph(fi, value.args[index], graph)
         if isinstance(value, ast.List | ast.Tuple):  # `meter.update([l1, l2])`
             for element in value.elts:
                 found = self._carries_graph(fi, element, graph)
                 if found is not None:
                     return found
         return None  # calls (`.item()`, `float()`, `.detach()`), subscripts: left alone
+
+    def _bound_to_graph(self, fi: FunctionInfo, name: str, graph: set[str]) -> str | None:
+        """`name` where every binding of it in `fi` is a call passing a graph on:
+        `score = diagonal_score(attn)` with `attn` carrying one."""
+        values: list[ast.expr] = []
+        for stmt in fi.own_statements():
+            for target in _bound_names(stmt):
+                if target == name:
+                    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+                        return None
+                    values.append(stmt.value)
+        if not values or not all(isinstance(v, ast.Call) for v in values):
+            return None
+        if name in self._following:  # `x = f(x)` does not prove itself
+            return None
+        self._following.add(name)
+        try:
+            return name if all(self._carries_graph(fi, v, graph) for v in values) else None
+        finally:
+            self._following.discard(name)
 
     def _report(
         self,
@@ -186,8 +223,9 @@ class LossKeptWithGraph(Rule):
             proof = f" (`{self.ctx.segment(back.node)}` at line {back.line} runs its `backward()`)"
         elif back is not None:
             proof = f" (its `backward()` is at line {back.line})"
-        elif culprit in graph and inside:
-            proof = f" (a part of the loss whose `backward()` is at line {inside[0].line})"
+        elif inside:
+            line = inside[0].line
+            proof = f" (computed with the loss whose `backward()` is at line {line})"
         else:
             proof = " (computed with gradients on)"
         where = (
@@ -213,6 +251,18 @@ class LossKeptWithGraph(Rule):
             fix=fix,
             hint=f"accumulate `{culprit}.item()` (a float) or `{culprit}.detach()`",
         )
+
+
+def _bound_names(stmt: ast.stmt) -> list[str]:
+    """The plain names `stmt` binds itself (not in nested statements)."""
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign):
+        targets = list(stmt.targets)
+    elif isinstance(stmt, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
+        targets = [stmt.target]
+    elif isinstance(stmt, ast.With | ast.AsyncWith):
+        targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
 def _scope_node(fi: FunctionInfo) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.Module:
@@ -275,6 +325,37 @@ def _returned_parts(fl: FileLoops, fi: FunctionInfo, scope: ast.AST, graph: set[
             losses = {r for r, n in zip(returned, names, strict=True) if r and n in graph}
             parts = _parts_of(callee, losses) | losses  # `return loss, loss`: the same tensor
             found |= {n for r, n in zip(returned, names, strict=True) if n and r in parts}
+    return found
+
+
+def _fellow_outputs(loop: ast.AST, graph: set[str]) -> set[str]:
+    """The names unpacked from the call whose result a backward()ed loss is computed
+    from: `out, attn = model(x)` with `loss = criterion(out, y)` (the loss's input, its
+    first argument): `attn` comes from the same forward pass, with its graph."""
+    inputs: set[str] = set()
+    for node in walk(loop):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and dotted(node.targets[0]) in graph
+            and isinstance(node.value, ast.Call)
+            and node.value.args
+            and isinstance(node.value.args[0], ast.Name)
+        ):
+            inputs.add(node.value.args[0].id)
+    found: set[str] = set()
+    if not inputs:
+        return found
+    for node in walk(loop):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Tuple)
+            and isinstance(node.value, ast.Call)
+        ):
+            names = {t.id for t in node.targets[0].elts if isinstance(t, ast.Name)}
+            if not names.isdisjoint(inputs):
+                found |= names
     return found
 
 
