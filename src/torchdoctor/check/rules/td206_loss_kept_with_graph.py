@@ -331,31 +331,36 @@ def _returned_parts(fl: FileLoops, fi: FunctionInfo, scope: ast.AST, graph: set[
 def _fellow_outputs(loop: ast.AST, graph: set[str]) -> set[str]:
     """The names unpacked from the call whose result a backward()ed loss is computed
     from: `out, attn = model(x)` with `loss = criterion(out, y)` (the loss's input, its
-    first argument): `attn` comes from the same forward pass, with its graph."""
-    inputs: set[str] = set()
+    first argument), in the same pass of the same innermost loop: `attn` comes from the
+    same forward pass, with its graph."""
+    innermost: dict[int, ast.AST] = {}
+    todo: list[tuple[ast.AST, ast.AST]] = [(loop, loop)]
+    while todo:
+        node, around = todo.pop()
+        innermost[id(node)] = around
+        inner = node if isinstance(node, ast.For | ast.AsyncFor | ast.While) else around
+        todo += [(child, inner) for child in ast.iter_child_nodes(node)]
+    inputs: list[tuple[str, ast.stmt]] = []
+    unpacked: list[tuple[set[str], ast.stmt]] = []
     for node in walk(loop):
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and dotted(node.targets[0]) in graph
-            and isinstance(node.value, ast.Call)
-            and node.value.args
-            and isinstance(node.value.args[0], ast.Name)
-        ):
-            inputs.add(node.value.args[0].id)
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        value, target = node.value, node.targets[0]
+        if not isinstance(value, ast.Call):
+            continue
+        if dotted(target) in graph and value.args and isinstance(value.args[0], ast.Name):
+            inputs.append((value.args[0].id, node))
+        elif isinstance(target, ast.Tuple):
+            unpacked.append(({t.id for t in target.elts if isinstance(t, ast.Name)}, node))
     found: set[str] = set()
-    if not inputs:
-        return found
-    for node in walk(loop):
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Tuple)
-            and isinstance(node.value, ast.Call)
-        ):
-            names = {t.id for t in node.targets[0].elts if isinstance(t, ast.Name)}
-            if not names.isdisjoint(inputs):
-                found |= names
+    for name, use in inputs:
+        binding = max(
+            (u for u in unpacked if name in u[0] and u[1].lineno < use.lineno),
+            key=lambda u: u[1].lineno,
+            default=None,
+        )
+        if binding is not None and innermost[id(binding[1])] is innermost[id(use)]:
+            found |= binding[0]
     return found
 
 
@@ -435,13 +440,20 @@ def _reset_inside(loop: ast.AST, acc: str, stmt: ast.stmt) -> bool:
         if (
             isinstance(node, ast.Assign)
             and node is not stmt
-            and any(dotted(t) == acc for t in node.targets)
+            and any(dotted(t) == acc for target in node.targets for t in _unpacked(target))
             and not _adds_to(node.value, acc)
         ):
             return True
         if isinstance(node, ast.For | ast.comprehension) and dotted(node.target) == acc:
             return True
     return False
+
+
+def _unpacked(target: ast.expr) -> list[ast.expr]:
+    """The targets `a, (b, c) = ...` binds: a, b, c (a plain target itself)."""
+    if isinstance(target, ast.Tuple | ast.List):
+        return [t for e in target.elts for t in _unpacked(e)]
+    return [target.value if isinstance(target, ast.Starred) else target]
 
 
 def _used_in_backward(fi: FunctionInfo, acc: str, events: list[Event]) -> bool:
