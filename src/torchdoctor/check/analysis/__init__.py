@@ -84,8 +84,8 @@ interpreters see the per-file objects above them only through protocols):
                   steps, and its plain runs of a model it is given, which belong to the
                   caller's evaluation region and count as runs before the caller's backward())
 - `loop_index` < `file_loops`   one file's training-loop facts, calls resolved to the
-                  file's functions and to sibling modules it imports (beside the file, or
-                  the one project file whose path ends like the dotted import:
+                  file's functions and to sibling modules it imports (beside the file; on
+                  request, the one project file whose path ends like the dotted import:
                   `ProjectIndex.module_files`)
 - `class_calls`   methods looked up along a class's bases in the file (an inherited
                   method's `self.forward` is the subclass's), and the `self.m(...)` call

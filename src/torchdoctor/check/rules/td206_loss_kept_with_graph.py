@@ -168,7 +168,7 @@ class LossKeptWithGraph(Rule):
         if isinstance(value, ast.UnaryOp):
             return self._carries_graph(fi, value.operand, graph)
         if isinstance(value, ast.Call):  # a function of the project passing the graph on
-            resolved = analysis(self.ctx).resolve(fi, value)
+            resolved = analysis(self.ctx).resolve(fi, value, by_tail=True)
             if resolved is None or resolved[0].is_module or not value.args:
                 return None
             callee, on_self = resolved
