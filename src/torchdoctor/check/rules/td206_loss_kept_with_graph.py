@@ -36,6 +36,16 @@ class LossKeptWithGraph(Rule):
     itself be given to `backward()` later (summing losses on purpose to call
     `backward()` once is fine).
 
+    An object of the project's own classes counts as an accumulator when the method
+    called adds its argument up in the object's state (`meter.update(loss)` where
+    `update` does `self.sum += val`, looked up in the class's file). A method that
+    runs `backward()` is a training step, run once per batch: what it adds up into
+    `self` (`self.losses.update([l1, l2])`, `self.total += loss`) outlives the call
+    just as an accumulator defined before a loop does. Besides the loss and its
+    parts, values from the same forward pass count (`out, attn = model(x)` with
+    `loss = criterion(out, y)`: `attn`), also through a function of the project
+    that returns a differentiable transform of them (`attn.max(dim=1)[0].mean()`).
+
     ## Why is this bad?
     `total += loss` makes `total` a tensor whose `grad_fn` links to this step's
     graph and to every earlier step's: nothing from any iteration can be freed.
@@ -459,11 +469,13 @@ def _unpacked(target: ast.expr) -> list[ast.expr]:
 def _used_in_backward(fi: FunctionInfo, acc: str, events: list[Event]) -> bool:
     """The accumulated value goes to backward() (directly, or summed/stacked first)."""
     head = acc.split(".", 1)[0]
+    pattern = re.compile(r"\b" + re.escape(acc) + r"\b")
     for e in events:
         if head in _loss_names(e):
             return True
+        if e.expr is not None and pattern.search(ast.unparse(e.expr)):
+            return True  # `self.total.backward()`: summed on purpose, backward()ed here
     backed = _backward_names(events)
-    pattern = re.compile(r"\b" + re.escape(acc) + r"\b")
     for stmt in fi.own_statements():
         if isinstance(stmt, ast.Assign | ast.AugAssign | ast.AnnAssign) and stmt.value is not None:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
