@@ -1,9 +1,10 @@
 """The real-bug corpus (issue 16): merge its labels, rebuild its files, measure recall.
 
     .venv/bin/python benchmarks/bugs.py merge [--staging DIR]
-    .venv/bin/python benchmarks/bugs.py rebuild [--mirrors DIR]
-    .venv/bin/python benchmarks/bugs.py recall [--write] [--no-torchfix]
-    .venv/bin/python benchmarks/bugs.py bench      (what `make bench` runs: rebuild, recall --write)
+    .venv/bin/python benchmarks/bugs.py rebuild [--mirrors DIR] [--context]
+    .venv/bin/python benchmarks/bugs.py recall [--write] [--no-torchfix] [--context]
+    .venv/bin/python benchmarks/bugs.py bench      (what `make bench` runs: rebuild and
+                                                   recall --write, without and with --context)
 
 merge    validates the collectors' records (DIR/*.jsonl, default /work/bugs-staging) and
          merges them into benchmarks/bugs.jsonl (one record per id, sorted; a newer record
@@ -12,11 +13,15 @@ merge    validates the collectors' records (DIR/*.jsonl, default /work/bugs-stag
 rebuild  writes each item's files, taken at its parent commit from the fetched mirror
          (MIRRORS/owner+name/repo), into benchmarks/.work/bugs/<id>/<path>; lists the
          repositories still to fetch; refuses an item whose labelled line no longer matches
-         its sha1 (exit 1), so the corpus cannot rot.
+         its sha1 (exit 1), so the corpus cannot rot. With --context, each item folder
+         (benchmarks/.work/bugs-context/<id>/) holds the whole repository at the parent
+         commit instead (its Python files, notebooks and packaging files), as a user checks
+         a project: what the analysis follows across files is then there to follow.
 recall   runs `torchdoctor check --isolated --no-cache --format json` (default rules) on each
          rebuilt item folder as one project, and TorchFix (`--select ALL`, from
          benchmarks/.venv) on the same files; prints the tables per rule family and per
-         category and the misses; `--write` puts them into benchmarks/README.md.
+         category and the misses; `--write` puts them into benchmarks/README.md. With
+         --context it checks the repository folders (recall counts labelled lines only).
 
 Third-party files are never committed: benchmarks/.work is ignored by git.
 """
@@ -46,10 +51,13 @@ from _readme import atomic_write, write_section
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / ".work" / "bugs"
+OUT_CONTEXT = HERE / ".work" / "bugs-context"  # the whole repository per item
 STAGING = Path("/work/bugs-staging")
 TORCHFIX = HERE / ".venv" / "bin" / "torchfix"
 REPORT = HERE / ".work" / "bugs-recall.json"
 CACHE = HERE / ".work" / "bugs-recall-cache.json"  # outcomes per item, reused while unchanged
+CONTEXT_CODE = (".py", ".pyi", ".ipynb")
+CONTEXT_PACKAGING = ("setup.cfg", "pyproject.toml")  # read by the project facts
 PROCEDURE = HERE / "bugs-procedure.md"
 PROCEDURE_HEAD = (
     "# How the real bugs were collected\n\n"
@@ -143,8 +151,23 @@ class Refused(Exception):
     """An item that must not be rebuilt: its labels no longer match the mirror's file."""
 
 
-def rebuild_item(record: dict[str, Any], git_dir: Path, out: Path) -> int:
-    """Write one item's files into out/<id>; the number of files. Raises Refused."""
+def context_files(git_dir: Path, commit: str) -> list[tuple[str, str]]:
+    """(path, blob) of the repository's code and packaging files at `commit`."""
+    everything = _mirror.tree_files(git_dir, commit, (*CONTEXT_CODE, ".cfg", ".toml", ".txt"))
+
+    def wanted(path: str) -> bool:
+        name = path.rsplit("/", 1)[-1]
+        requirements = name.startswith("requirements") and name.endswith(".txt")
+        return path.endswith(CONTEXT_CODE) or name in CONTEXT_PACKAGING or requirements
+
+    return [(path, blob) for path, blob in everything if wanted(path)]
+
+
+def rebuild_item(record: dict[str, Any], git_dir: Path, out: Path, context: bool = False) -> int:
+    """Write one item's files into out/<id>; the number of files. Raises Refused.
+
+    With `context`, the rest of the repository at the parent commit goes beside them.
+    """
     target = out / record["id"]
     staged = out / (record["id"] + ".part")
     shutil.rmtree(staged, ignore_errors=True)
@@ -167,6 +190,19 @@ def rebuild_item(record: dict[str, Any], git_dir: Path, out: Path) -> int:
             destination = staged / entry["path"]
             destination.parent.mkdir(parents=True, exist_ok=True)
             destination.write_bytes(data)
+        if context:
+            labelled = {entry["path"] for entry in record["files"]}
+            rest = [
+                f for f in context_files(git_dir, record["parent_commit"]) if f[0] not in labelled
+            ]
+            for (path, _), content in zip(
+                rest, _mirror.blobs(git_dir, [b for _, b in rest]), strict=True
+            ):
+                destination = staged / path
+                if content is None or not _labels.safe_path(path):
+                    continue  # a blob the snapshot left out, or a path that escapes
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                destination.write_bytes(content)
     except Refused:
         shutil.rmtree(staged, ignore_errors=True)
         shutil.rmtree(target, ignore_errors=True)  # never score a stale copy
@@ -175,7 +211,9 @@ def rebuild_item(record: dict[str, Any], git_dir: Path, out: Path) -> int:
     return len(record["files"])
 
 
-def rebuild(mirrors: Path, out: Path = OUT, bugs: Path = _labels.BUGS) -> int:
+def rebuild(
+    mirrors: Path, out: Path = OUT, bugs: Path = _labels.BUGS, context: bool = False
+) -> int:
     records = [record for _, record in _labels.read_jsonl(bugs)]
     out.mkdir(parents=True, exist_ok=True)
     to_fetch: collections.Counter[str] = collections.Counter()
@@ -191,11 +229,12 @@ def rebuild(mirrors: Path, out: Path = OUT, bugs: Path = _labels.BUGS) -> int:
             shutil.rmtree(out / record["id"], ignore_errors=True)
             continue
         try:
-            files += rebuild_item(record, git_dir, out)
+            files += rebuild_item(record, git_dir, out, context)
             built += 1
         except Refused as exc:
             refused.append(f"{record['id']}: {exc}")
-    print(f"rebuilt {built} of {len(records)} items ({files} files) into {_rel(out)}")
+    shown = f"{files} labelled files" + (", with their repositories" if context else "")
+    print(f"rebuilt {built} of {len(records)} items ({shown}) into {_rel(out)}")
     if to_fetch:
         print(
             f"{len(to_fetch)} repositories still to fetch ({sum(to_fetch.values())} items); "
@@ -328,9 +367,13 @@ def score_all(
 
     def key(record: dict[str, Any]) -> str:
         folder = out / record["id"]
-        files = sorted(p.read_bytes() for p in folder.rglob("*") if p.is_file())
-        blob = json.dumps([record, fingerprint, use_torchfix], sort_keys=True).encode()
-        return hashlib.sha1(blob + b"".join(files)).hexdigest()
+        digest = hashlib.sha1(
+            json.dumps([record, fingerprint, use_torchfix], sort_keys=True).encode()
+        )
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes())
+        return digest.hexdigest()
 
     fresh: dict[str, Any] = {}
     lock = threading.Lock()
@@ -356,7 +399,7 @@ def score_all(
         return list(pool.map(one, records))
 
 
-def report(outcomes: list[_recall.Outcome], torchfix_note: str) -> str:
+def report(outcomes: list[_recall.Outcome], torchfix_note: str, context: bool = False) -> str:
     built = [o for o in outcomes if o.status != _recall.NOT_BUILT]
     repos = {o.id.split("@", 1)[0] for o in built}
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
@@ -370,8 +413,14 @@ def report(outcomes: list[_recall.Outcome], torchfix_note: str) -> str:
             if missing
             else ". "
         )
-        + "torchdoctor: default rules, `check --isolated --no-cache`, each item folder "
-        f"checked as one project. {torchfix_note}",
+        + "torchdoctor: default rules, `check --isolated --no-cache`, "
+        + (
+            "each item's whole repository at the parent commit (`rebuild --context`) checked "
+            "as one project, findings counted at the labelled lines only. "
+            if context
+            else "each item folder (the labelled files alone) checked as one project. "
+        )
+        + torchfix_note,
         "",
         _recall.existing_rule_line(outcomes, static_codes()),
         "",
@@ -387,24 +436,32 @@ def report(outcomes: list[_recall.Outcome], torchfix_note: str) -> str:
     return "\n".join(lines)
 
 
-def recall(out: Path, write: bool, use_torchfix: bool) -> int:
+def recall(out: Path, write: bool, use_torchfix: bool, context: bool = False) -> int:
     records = [record for _, record in _labels.read_jsonl(_labels.BUGS)]
     note = "TorchFix: `torchfix --select ALL` on the same files, any of its codes counts."
-    if use_torchfix and not TORCHFIX.exists():
+    if context:  # TorchFix reads one file at a time: the file-only run already has it
+        use_torchfix = False
+        note = "TorchFix: see the run on the labelled files alone (it reads one file at a time)."
+    elif use_torchfix and not TORCHFIX.exists():
         use_torchfix = False
         note = f"TorchFix: not run ({_rel(TORCHFIX)} is missing; `make bench` installs it)."
     elif not use_torchfix:
         note = "TorchFix: not run (--no-torchfix)."
     try:
-        outcomes = score_all(records, out, use_torchfix, cache=CACHE)
+        cache = CACHE.with_name("bugs-context-cache.json") if context else CACHE
+        outcomes = score_all(records, out, use_torchfix, cache=cache)
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"bugs recall: {exc}", file=sys.stderr)
         return 1
-    text = report(outcomes, note)
+    text = report(outcomes, note, context)
     print(text)
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(json.dumps([o.__dict__ for o in outcomes], indent=1), encoding="utf-8")
-    if write:
+    saved = REPORT.with_name("bugs-context-recall.json") if context else REPORT
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps([o.__dict__ for o in outcomes], indent=1), encoding="utf-8")
+    if write and context:
+        heading = "Real bugs: recall with the repository as context"
+        write_section("bugs-recall-context", text, heading=heading)
+    elif write:
         write_section("bugs-recall", text, heading="Real bugs: recall")
     return 0
 
@@ -416,19 +473,30 @@ def main(argv: list[str] | None = None) -> int:
     merge_cmd.add_argument("--staging", type=Path, default=STAGING)
     rebuild_cmd = sub.add_parser("rebuild", help="recreate the buggy files from the mirrors")
     rebuild_cmd.add_argument("--mirrors", type=Path, default=_mirror.MIRRORS)
+    rebuild_cmd.add_argument(
+        "--context", action="store_true", help="the whole repository per item, beside the labels"
+    )
     recall_cmd = sub.add_parser("recall", help="torchdoctor and TorchFix on the rebuilt items")
     recall_cmd.add_argument("--write", action="store_true", help="write benchmarks/README.md")
     recall_cmd.add_argument("--no-torchfix", action="store_true")
-    sub.add_parser("bench", help="`make bench`: rebuild, then recall --write")
+    recall_cmd.add_argument(
+        "--context", action="store_true", help="check each item's whole repository"
+    )
+    sub.add_parser("bench", help="`make bench`: rebuild, then recall --write (both settings)")
     args = parser.parse_args(argv)
     try:
         if args.command == "merge":
             return merge(args.staging)
         if args.command == "rebuild":
-            return rebuild(args.mirrors)
+            out = OUT_CONTEXT if args.context else OUT
+            return rebuild(args.mirrors, out, context=args.context)
         if args.command == "bench":  # a refused item fails the step; the others are measured
             rebuilt = rebuild(_mirror.MIRRORS)
-            return max(rebuilt, recall(OUT, write=True, use_torchfix=True))
+            rebuilt = max(rebuilt, rebuild(_mirror.MIRRORS, OUT_CONTEXT, context=True))
+            alone = recall(OUT, write=True, use_torchfix=True)
+            return max(rebuilt, alone, recall(OUT_CONTEXT, True, False, context=True))
+        if args.context:
+            return recall(OUT_CONTEXT, args.write, use_torchfix=False, context=True)
         return recall(OUT, args.write, not args.no_torchfix)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"bugs {args.command}: {exc}", file=sys.stderr)

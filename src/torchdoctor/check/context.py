@@ -19,17 +19,21 @@ _T = TypeVar("_T")
 # ast counts lines at \n, \r\n and \r only (str.splitlines also splits at \f, \x1c, ...).
 
 
-def collect_imports(tree: ast.Module) -> dict[str, str]:
+def collect_imports(tree: ast.Module, lines: list[int] | None = None) -> dict[str, str]:
     """Map each name bound by an import anywhere in the file to its dotted target.
 
     `import torch as T` -> {"T": "torch"}; `from torch import nn` -> {"nn": "torch.nn"};
     `import torch.nn` binds "torch". Relative imports keep their leading dots.
+    `lines`: the lines holding the word `import` (ascending), if known: statements
+    that span none of them are skipped unread.
     """
     aliases: dict[str, str] = {}
     star = False
     todo: list[ast.stmt] = list(tree.body)
     while todo:
         stmt = todo.pop()
+        if lines is not None and not spans_a_line(stmt, lines):
+            continue
         if isinstance(stmt, ast.Import):
             for alias in stmt.names:
                 if alias.asname:
@@ -208,6 +212,23 @@ def spans_a_line(stmt: ast.stmt, lines: list[int]) -> bool:
     return at < len(lines) and lines[at] <= (stmt.end_lineno or stmt.lineno)
 
 
+def walk_lines(node: ast.AST, lines: list[int]) -> Iterator[ast.AST]:
+    """The nodes of `node`'s statements that span one of `lines` (ascending): a compound
+    statement's own parts when it spans one, and of its bodies only such statements; the
+    rest of the tree is never visited."""
+    for _, value in ast.iter_fields(node):
+        if value.__class__ is list and value and isinstance(value[0], ast.stmt):
+            for stmt in value:
+                if spans_a_line(stmt, lines):
+                    yield stmt
+                    yield from walk_lines(stmt, lines)
+        elif isinstance(node, ast.stmt):
+            parts = value if value.__class__ is list else [value]
+            for part in parts:
+                if isinstance(part, ast.AST):
+                    yield from walk(part)
+
+
 @functools.cache
 def _last_names(names: frozenset[str]) -> frozenset[str]:
     """`torch.save` -> `save`: what an attribute call of one of `names` ends with."""
@@ -263,7 +284,7 @@ class FileContext:
     def imports(self) -> dict[str, str]:
         """Name bound by an import -> its dotted target (see `collect_imports`); lazy."""
         if self._imports is None:
-            self._imports = collect_imports(self.tree)
+            self._imports = collect_imports(self.tree, self.lines_holding(["import"]))
         return self._imports
 
     def qualname(self, node: ast.AST) -> str | None:

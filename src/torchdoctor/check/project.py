@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.values import Passed, Value
@@ -55,6 +56,9 @@ def scan_classes(source: str) -> dict[str, list[str]]:
     return found
 
 
+GenericFacts = dict[str, tuple[tuple[str, str, int], ...]]
+
+
 @dataclass(frozen=True)
 class CallFact:
     """One call of a function (or class) of the project, seen in another file."""
@@ -64,6 +68,43 @@ class CallFact:
     args: tuple[Value, ...]
     keywords: tuple[tuple[str, Value], ...]
     opaque: bool  # *args / **kwargs at the call: positions unknown
+    # What the calling file imported the callee as (`utils.test`, `..models.Net`): the
+    # fact seeds only a definition in a file that import can name.
+    target: str = ""
+
+
+def _module_parts(path: str) -> list[str]:
+    """`pkg/sub/mod.py` -> [pkg, sub, mod]; a package's `__init__.py` is the package."""
+    parts = path.replace("\\", "/").split("/")
+    parts[-1] = parts[-1].rsplit(".", 1)[0]
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def may_name(importer: str, target: str, definer: str, paths: frozenset[str]) -> bool:
+    """Whether `from M import f` / `import M` in `importer` (target `M.f`) can bind the
+    `f` that `definer` defines. Relative imports resolve exactly; an absolute one names
+    a file whose module path ends with `M`, and the importer's own folder comes first
+    (a script's folder is the head of sys.path), so two `utils.py` of two example
+    folders do not feed each other's functions."""
+    if "." in target.lstrip("."):
+        module = target.rsplit(".", 1)[0]
+    else:  # `from . import f`: the package itself; `import f`: nothing to resolve
+        module = target[: len(target) - len(target.lstrip("."))]
+    if not module:
+        return True
+    parts = _module_parts(definer)
+    # the module itself, or a module of that package (re-exported by its __init__)
+    named = [parts, parts[:-1]]
+    folder = importer.replace("\\", "/").split("/")[:-1]
+    if module.startswith("."):
+        level = len(module) - len(module.lstrip("."))
+        base = folder[: len(folder) - (level - 1)] if level > 1 else folder
+        return base + [p for p in module.lstrip(".").split(".") if p] in named
+    wanted = module.split(".")
+    local = "/".join(folder + wanted)
+    if f"{local}.py" in paths or f"{local}/__init__.py" in paths:
+        return folder + wanted in named
+    return any(candidate[-len(wanted) :] == wanted for candidate in named)
 
 
 @dataclass
@@ -90,10 +131,12 @@ class ProjectIndex:
     # that hand it a model wrapped in DataParallel/DDP on some path (analysis/wraps.py;
     # TD404 asks in the file that defines the function).
     wrapped_arguments: dict[str, tuple[tuple[str, Passed], ...]] = field(default_factory=dict)
-    # Generic class name -> the project classes it is built with as a type argument
-    # (`Store[Record](...)`): (the argument's dotted name, file, line)
-    # (analysis/project_facts.generic_arguments; TD406 asks for `obj: T` parameters).
-    generic_arguments: dict[str, tuple[tuple[str, str, int], ...]] = field(default_factory=dict)
+    # Builds `generic_arguments` on first use: few files ever ask (TD406, for `obj: T`
+    # parameters), and building means parsing every file that writes `Name[T](`.
+    # A partial of a module-level function, so the index still pickles to workers.
+    generic_build: Callable[[], GenericFacts] | None = None
+    generic_digest: str = ""  # of what generic_build reads (the cache fingerprint)
+    _generic: GenericFacts | None = field(default=None, repr=False, compare=False)
     # The folder the run checks from (the config root, or the working directory): rules
     # that judge a file by its path judge the part inside the project, not where the
     # project happens to live (`~/benchmarks/myproj/train.py` is no benchmark file).
@@ -106,15 +149,25 @@ class ProjectIndex:
     # method of an object built from it does is read there, on demand
     # (analysis/kept_state.py; TD206 asks whether `meter.update(loss)` keeps `loss`).
     class_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # Module name (a file's stem; a package's folder for its __init__.py) -> the project's
-    # files of that name: an import the folders beside the file do not resolve
-    # (`from pkg.utils.metrics import f` in a repository checked out under another name)
-    # is looked up by its dotted path's tail (analysis/file_loops.sibling_file).
-    module_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Every checked file's path (imports are resolved against them).
+    paths: frozenset[str] = frozenset()
+
+    @property
+    def generic_arguments(self) -> GenericFacts:
+        """Generic class name -> the project classes it is built with as a type argument
+        (`Store[Record](...)`): (the argument's dotted name, file, line)
+        (analysis/project_facts.generic_arguments)."""
+        if self._generic is None:
+            self._generic = self.generic_build() if self.generic_build is not None else {}
+        return self._generic
 
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
-        """Calls of `callee` seen in files other than `path`."""
-        return [f for f in self.call_facts.get(callee, ()) if not path or f.path != path]
+        """Calls of `callee` seen in files other than `path` whose import names `path`."""
+        return [
+            f
+            for f in self.call_facts.get(callee, ())
+            if not path or (f.path != path and may_name(f.path, f.target, path, self.paths))
+        ]
 
     def add(self, classes: dict[str, list[str]]) -> None:
         for name, bases in classes.items():
@@ -147,15 +200,14 @@ class ProjectIndex:
             text += "\ncuda-extensions:" + ",".join(sorted(self.cuda_extensions))
         if self.batchnorm_classes:
             text += "\nbatchnorm:" + ",".join(sorted(self.batchnorm_classes))
-        if self.generic_arguments:
-            text += "\ngeneric:" + repr(sorted(self.generic_arguments.items()))
+        if self.generic_digest:
+            text += "\ngeneric:" + self.generic_digest
         if self.wrapped_arguments:
             text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
-        if self.class_files or self.module_files:
-            files = (sorted(self.class_files.items()), sorted(self.module_files.items()))
-            text += "\nfiles:" + _digest_text(repr(files))
+        if self.class_files:
+            text += "\nclass-files:" + _digest_text(repr(sorted(self.class_files.items())))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
@@ -173,5 +225,7 @@ def digest(facts: dict[str, tuple[CallFact, ...]]) -> str:
     lines = []
     for name in sorted(facts):
         for fact in facts[name]:
-            lines.append(repr((name, fact.path, fact.args, fact.keywords, fact.opaque)))
+            lines.append(
+                repr((name, fact.path, fact.target, fact.args, fact.keywords, fact.opaque))
+            )
     return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:16]

@@ -86,7 +86,7 @@ interpreters see the per-file objects above them only through protocols):
 - `loop_index` < `file_loops`   one file's training-loop facts, calls resolved to the
                   file's functions and to sibling modules it imports (beside the file; on
                   request, the one project file whose path ends like the dotted import:
-                  `ProjectIndex.module_files`)
+                  `ProjectIndex.paths`)
 - `class_calls`   methods looked up along a class's bases in the file (an inherited
                   method's `self.forward` is the subclass's), and the `self.m(...)` call
                   sites of a method with the class `self` is there

@@ -21,7 +21,7 @@ from torchdoctor.check.analysis.values import AnyFunction, ScopeNode, Value
 from torchdoctor.check.context import (
     FileContext,
     child_statements,
-    walk,
+    walk_lines,
 )
 from torchdoctor.check.lines import line_end, line_start
 from torchdoctor.check.project import KNOWN_MODULE_BASES
@@ -402,7 +402,8 @@ class FileIndex:
         names = self.toplevel_functions.keys() | self.classes.keys()
         uses: dict[str, list[tuple[int, bool]] | None] = {}
         called: set[int] = set()
-        for node in walk(self.ctx.tree):  # breadth first: a call before its callee
+        lines = self.ctx.lines_holding(names)  # a use is on a line that holds the name
+        for node in walk_lines(self.ctx.tree, lines):  # a call before its callee
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 if node.func.id in names:
                     found = uses.setdefault(node.func.id, [])

@@ -358,11 +358,14 @@ def sibling_file(ctx: FileContext, module: str, by_tail: bool = False) -> FileLo
 def _by_tail(ctx: FileContext, parts: list[str]) -> str | None:
     """The one project file whose path ends with the longest tail of `parts` (two parts
     at least: `utils/metrics.py` for `pkg.utils.metrics`); None where two files match."""
-    candidates = ctx.project.module_files.get(parts[-1], ())
-    paths = [c.replace("\\", "/").rsplit(".", 1)[0].removesuffix("/__init__") for c in candidates]
+    modules = {
+        path: "/" + path.rsplit(".", 1)[0].removesuffix("/__init__")
+        for path in ctx.project.paths
+        if f"/{path}".endswith((f"/{parts[-1]}.py", f"/{parts[-1]}/__init__.py"))
+    }
     for start in range(len(parts) - 1):
         tail = "/" + "/".join(parts[start:])
-        matches = [c for c, p in zip(candidates, paths, strict=True) if ("/" + p).endswith(tail)]
+        matches = [path for path, module in modules.items() if module.endswith(tail)]
         if len(matches) == 1:
             return matches[0]
         if matches:

@@ -11,6 +11,7 @@ from torchdoctor.check.analysis.names import FuncNode
 from torchdoctor.check.context import (
     IDENTIFIER,
     child_statements,
+    spans_a_line,
     walk,
 )
 
@@ -39,6 +40,8 @@ class FunctionInfo:
     def mentions_evaluation(self) -> bool:
         """Whether an eval-ish name (`validate`, `val_loader`), `no_grad` or
         `inference_mode` occurs in this function: it may hold or call evaluation code."""
+        if self._evaluation is None and not self._spans(self.file.evaluation_lines()):
+            self._evaluation = False  # no line of it holds a word: its text is not read
         if self._evaluation is None:
             words = self.file.evaluation_words()
             text = self.text
@@ -52,6 +55,8 @@ class FunctionInfo:
     def mentions_model(self) -> bool:
         """Whether the code names something that may be a model (`model`, `self(...)`,
         a name set to eval/train mode or built from a module class in this file)."""
+        if self._model is None and not self._spans(self.file.model_lines()):
+            self._model = False
         if self._model is None:
             words = self.file.model_words()
             text = self.text
@@ -59,6 +64,10 @@ class FunctionInfo:
                 any(w in text for w in words) and not self.identifiers().isdisjoint(words)
             )
         return self._model
+
+    def _spans(self, lines: list[int]) -> bool:
+        """Whether one of `lines` (ascending) is a line of this function."""
+        return self.is_module or spans_a_line(self.node, lines)  # type: ignore[arg-type]
 
     @property
     def is_module(self) -> bool:

@@ -157,6 +157,9 @@ _ZEROING = re.compile(
 
 
 def mentions_zeroing(text: str) -> bool:
+    # every alternative holds one of these words: a file without them skips the regex
+    if "zero" not in text and ".grad" not in text and "set_to_none" not in text:
+        return False
     return bool(_ZEROING.search(text))
 
 

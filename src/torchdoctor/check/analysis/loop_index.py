@@ -56,6 +56,8 @@ class LoopIndex:
         self._model_roots: frozenset[str] | None = None
         self._evaluation_words: list[str] | None = None
         self._model_words: list[str] | None = None
+        self._evaluation_lines: list[int] | None = None
+        self._model_lines: list[int] | None = None
         self._sensitive: dict[str, bool | None] = {}
 
     def _index(
@@ -108,6 +110,18 @@ class LoopIndex:
                 ]
             self._evaluation_words = found
         return self._evaluation_words
+
+    def evaluation_lines(self) -> list[int]:
+        """The lines holding an evaluation word (a function without one mentions none)."""
+        if self._evaluation_lines is None:
+            self._evaluation_lines = self.ctx.lines_holding(self.evaluation_words())
+        return self._evaluation_lines
+
+    def model_lines(self) -> list[int]:
+        """The lines holding a model word or `self(`."""
+        if self._model_lines is None:
+            self._model_lines = self.ctx.lines_holding([*self.model_words(), "self("])
+        return self._model_lines
 
     def model_words(self) -> list[str]:
         """The identifiers of the file that may name a model."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
+import hashlib
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -23,9 +25,15 @@ from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Passed, Value
 from torchdoctor.check.analysis.wraps import wrapped_arguments
-from torchdoctor.check.context import FileContext
+from torchdoctor.check.context import FileContext, walk_lines
 from torchdoctor.check.lines import as_lf
-from torchdoctor.check.project import CLASS_HEADER, CallFact, ProjectIndex, scan_classes
+from torchdoctor.check.project import (
+    CLASS_HEADER,
+    CallFact,
+    GenericFacts,
+    ProjectIndex,
+    scan_classes,
+)
 
 # A call that hands a loader to a function: `evaluate(model, val_loader)`.
 _LOADER_ARGUMENT = re.compile(r"\w\s*\([^()\r\n]*(?:loader|Loader|_dl\b)")
@@ -89,13 +97,6 @@ def plain_classes(source: str) -> list[str]:
     return found
 
 
-def module_name(path: str) -> str:
-    """`metrics` for `pkg/metrics.py`, `pkg` for `pkg/__init__.py`."""
-    parts = re.split(r"[\\/]", path)
-    stem = parts[-1].rsplit(".", 1)[0]
-    return parts[-2] if stem == "__init__" and len(parts) > 1 else stem
-
-
 def is_candidate(source: str) -> bool:
     """Whether a file may pass a moved model or a loader to another file's function."""
     return (
@@ -154,7 +155,7 @@ def collect(
                     ):
                         continue
                     facts.setdefault(name, []).append(
-                        CallFact(name, path, args, keywords, site.opaque)
+                        CallFact(name, path, args, keywords, site.opaque, ctx.imports[name])
                     )
         except RecursionError:
             continue
@@ -271,10 +272,11 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
     class_files: dict[str, list[str]] = {}
-    module_files: dict[str, list[str]] = {}
     count = 0
+    paths: set[str] = set()
     for item in sources:
         path, source = item if isinstance(item, tuple) else ("", item)
+        paths.add(path.replace("\\", "/"))
         file_classes = scan_classes(source)
         index.add(file_classes)
         for name in file_classes:
@@ -282,7 +284,6 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         if path:
             for name in {*file_classes, *plain_classes(source)}:
                 class_files.setdefault(name, []).append(path)
-            module_files.setdefault(module_name(path), []).append(path)
         moving |= moving_classes(source)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
         zeroing = zeroing_calls(source)
@@ -298,18 +299,21 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             wrapping.append((path, source))
         if builds_generic(source):
             generic.append((path, source))
+    index.paths = frozenset(paths)
     index.moving_classes = frozenset(moving)
     index.cuda_extensions = frozenset(extensions)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
-    index.class_files = {name: tuple(paths) for name, paths in class_files.items()}
-    index.module_files = {name: tuple(paths) for name, paths in module_files.items()}
+    index.class_files = {name: tuple(files) for name, files in class_files.items()}
     index.resolve()
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)
     if wrapping and count > 1:
         index.wrapped_arguments = _wrapped_arguments(index, wrapping)
     if generic:
-        index.generic_arguments = generic_arguments(index, generic)
+        names = frozenset(index.bases)
+        index.generic_build = functools.partial(generic_arguments, names, tuple(generic))
+        text = "\n".join(sorted(names)) + "".join(f"\0{p}\0{s}" for p, s in generic)
+        index.generic_digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
     return index
 
 
@@ -322,29 +326,31 @@ _GENERIC_TAIL = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\]\s*\(")
 _CLASS_NAME_END = re.compile(r"(?<!\w)[A-Z]\w*$")
 
 
-def builds_generic(source: str) -> bool:
-    """Whether `source` holds `Name[T](`: a capitalized name subscripted, then called."""
+def _generic_builds(source: str) -> Iterator[int]:
+    """Offsets of `Name[T](` in `source`: a capitalized name subscripted, then called."""
     for match in _GENERIC_TAIL.finditer(source):
         start = match.start()
         if _CLASS_NAME_END.search(source, max(0, start - 100), start):
-            return True
-    return False
+            yield start
 
 
-def generic_arguments(
-    index: ProjectIndex, files: Iterable[tuple[str, str]]
-) -> dict[str, tuple[tuple[str, str, int], ...]]:
+def builds_generic(source: str) -> bool:
+    return next(_generic_builds(source), None) is not None
+
+
+def generic_arguments(classes: frozenset[str], files: Iterable[tuple[str, str]]) -> GenericFacts:
     """Generic class name -> the classes of the project it is built with as a type
     argument (`ObjectStore[Record](root)`): a class the project defines (in the building
     file, or with bases anywhere), or one imported
     from the package the building file belongs to (its top package names a folder of
     the file's path)."""
     found: dict[str, list[tuple[str, str, int]]] = {}
-    for ctx in _contexts(index, files):
+    for ctx in _contexts(ProjectIndex(), files):  # the class names are all it needs
         path, tree = ctx.path, ctx.tree
         folders = set(re.split(r"[\\/]", path)[:-1])
         local = {c.name for c in tree.body if isinstance(c, ast.ClassDef)}
-        for node in ast.walk(tree):
+        lines = sorted({ctx.line_of_offset(at) for at in _generic_builds(ctx.source)})
+        for node in walk_lines(tree, lines):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
                 continue
             generic, argument = node.func.value, node.func.slice
@@ -353,10 +359,10 @@ def generic_arguments(
             name = ctx.qualname(argument) or ""
             owner = name.split(".", 1)[0]
             last = name.rsplit(".", 1)[-1]
-            if name in local or last in index.bases or ("." in name and owner in folders):
+            if name in local or last in classes or ("." in name and owner in folders):
                 cls = ast.unparse(generic).rsplit(".", 1)[-1]
                 found.setdefault(cls, []).append((name, path, node.lineno))
-    return {name: tuple(facts) for name, facts in found.items()}
+    return {name: tuple(sorted(facts)) for name, facts in found.items()}
 
 
 def _wrapped_arguments(

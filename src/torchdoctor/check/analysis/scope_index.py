@@ -1,37 +1,36 @@
 """Each scope's own nodes: what a module or function holds outside the functions and
 classes defined inside it, built in one pass per file and shared by the rules that
-look at calls or assignments scope by scope (TD113, TD216, TD405, TD406, TD503, and
-the pickling `Finder`).
+look at calls or assignments scope by scope (TD216, TD406, TD503, and the pickling
+`Finder`); and the calls, with their scopes, of just the lines that hold a word
+(`calls_on_lines`: TD113, TD405), which leaves the rest of the tree unvisited.
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
-from torchdoctor.check.context import FileContext, child_fields, iter_children
+from torchdoctor.check.context import (
+    FileContext,
+    child_fields,
+    iter_children,
+    spans_a_line,
+    walk,
+)
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-@dataclass
-class _Scopes:
-    nodes: dict[int, list[ast.AST]]  # id(scope) -> its own nodes
-    inner: list[ast.AST]  # every function and class of the file
 
 
 def own_nodes(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
     """The nodes of `scope`, not those of the functions and classes defined inside it
     (operators and contexts such as `Load` left out: no caller looks for them)."""
-    return ctx.shared("scope_index.scopes", _every_scope).nodes[id(scope)]
+    return ctx.shared("scope_index.scopes", _every_scope)[id(scope)]
 
 
-def _every_scope(ctx: FileContext) -> _Scopes:
-    """Every scope of the file and its own nodes, in one depth-first pass (each scope's
-    nodes in the order a walk of that scope alone would give)."""
+def _every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
+    """id(scope) -> its own nodes, for every scope of the file, in one depth-first
+    pass (each scope's nodes in the order a walk of that scope alone would give)."""
     table = child_fields(want_operators=False)
     found: dict[int, list[ast.AST]] = {id(ctx.tree): []}
-    scopes: list[ast.AST] = []
     todo: list[tuple[ast.AST, list[ast.AST]]] = [
         (child, found[id(ctx.tree)]) for child in iter_children(ctx.tree, operators=False)
     ]
@@ -40,7 +39,6 @@ def _every_scope(ctx: FileContext) -> _Scopes:
         owner.append(node)
         if isinstance(node, _SCOPES):
             owner = found[id(node)] = []
-            scopes.append(node)
         fields = table.get(node.__class__)
         if fields is None:
             todo.extend((c, owner) for c in iter_children(node, operators=False))
@@ -51,7 +49,7 @@ def _every_scope(ctx: FileContext) -> _Scopes:
                 todo.extend((item, owner) for item in value if isinstance(item, ast.AST))
             elif isinstance(value, ast.AST):
                 todo.append((value, owner))
-    return _Scopes(found, scopes)
+    return found
 
 
 def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
@@ -59,17 +57,43 @@ def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
     return [n for n in own_nodes(ctx, scope) if isinstance(n, ast.Call)]
 
 
-def scoped_calls(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
-    """(scope, call) for every call of the file, its scope the module or the function
-    it is written in (one pass per file, shared by the rules that ask)."""
+def calls_on_lines(ctx: FileContext, lines: list[int]) -> list[tuple[ast.AST, ast.Call]]:
+    """(scope, call) for each call of the statements that span one of `lines`
+    (ascending), its scope the module or the function it is written in (calls of a
+    class body itself are left out); module scope first, then functions in source
+    order. For a rule whose calls hold a word (`lines = ctx.lines_holding(words)`):
+    the rest of the tree is never visited."""
+    found: list[tuple[ast.AST, ast.Call]] = []
+    _calls_of(ctx.tree, ctx.tree, lines, found)
+    rank = {id(ctx.tree): (0, 0)}
+    for scope, _ in found:
+        if scope is not ctx.tree:
+            rank[id(scope)] = (scope.lineno, scope.col_offset)  # type: ignore[attr-defined]
+    found.sort(key=lambda item: (rank[id(item[0])], item[1].lineno, item[1].col_offset))
+    return found
 
-    def build(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
-        scopes = ctx.shared("scope_index.scopes", _every_scope).inner
-        functions = [s for s in scopes if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)]
-        functions.sort(key=lambda f: (f.lineno, f.col_offset))  # source order, as a walk
-        return [(scope, call) for scope in [ctx.tree, *functions] for call in own_calls(ctx, scope)]
 
-    return ctx.shared("scope_index.scoped_calls", build)
+def _calls_of(
+    node: ast.AST, scope: ast.AST | None, lines: list[int], out: list[tuple[ast.AST, ast.Call]]
+) -> None:
+    """The calls under `node` on `lines`, each with its module or function scope (None:
+    a class body, whose own calls are left out)."""
+    for _, value in ast.iter_fields(node):
+        parts = value if value.__class__ is list else [value]
+        for part in parts:
+            if isinstance(part, ast.stmt):
+                if not spans_a_line(part, lines):
+                    continue
+                if isinstance(part, ast.FunctionDef | ast.AsyncFunctionDef):
+                    _calls_of(part, part, lines, out)  # its decorators and defaults too
+                elif isinstance(part, ast.ClassDef):
+                    _calls_of(part, None, lines, out)
+                else:
+                    _calls_of(part, scope, lines, out)
+            elif isinstance(part, ast.excepthandler | ast.match_case):
+                _calls_of(part, scope, lines, out)
+            elif isinstance(part, ast.AST) and scope is not None:
+                out.extend((scope, n) for n in walk(part) if isinstance(n, ast.Call))
 
 
 def assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign | ast.AnnAssign]]:

@@ -258,6 +258,8 @@ class FileWraps:
         """Calls that hand a wrapped name to a parameter: (call, parameter, fact)."""
         found: list[tuple[ast.Call, str, Passed]] = []
         for scope in self.scopes:
+            if not self._may_hold_wraps(scope):
+                continue  # wrapped_at would find nothing for any argument here
             caller = getattr(scope, "name", "<module>")
             for call, parents in calls_with_parents(scope):
                 if not isinstance(call.func, ast.Name) or guarded(parents):
@@ -268,6 +270,10 @@ class FileWraps:
                     if wrap is not None:
                         found.append((call, slot, Passed(wrap, caller, call.lineno)))
         return found
+
+    def _may_hold_wraps(self, scope: Scope) -> bool:
+        cls = self.owner.get(id(scope))
+        return bool(self.wraps(scope)) or (cls is not None and cls.name in self.class_wraps())
 
     def _slots(self, call: ast.Call) -> list[tuple[str, ast.expr]]:
         """(slot, argument): the parameter name for a function of this file, else the

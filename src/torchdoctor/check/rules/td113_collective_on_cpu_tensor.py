@@ -3,7 +3,7 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check.analysis.scope_index import scoped_calls
+from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder
@@ -97,7 +97,7 @@ class CollectiveOnCpuTensor(Rule):
             return  # this file starts a non-NCCL group, or nothing starts an NCCL one
         where = f"line {init.lineno}" if init is not None else f"`{self.ctx.project.nccl_start}`"
         finders: dict[int, Finder] = {}
-        for scope, call in scoped_calls(self.ctx):
+        for scope, call in calls_on_lines(self.ctx, self.ctx.lines_holding(_COLLECTIVES)):
             func = call.func
             last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if last not in _COLLECTIVES:
@@ -115,7 +115,8 @@ class CollectiveOnCpuTensor(Rule):
     def _nccl_init(self) -> ast.Call | None:
         if "init_process_group" not in self.ctx.source:
             return None
-        for scope, call in scoped_calls(self.ctx):
+        lines = self.ctx.lines_holding(["init_process_group"])
+        for scope, call in calls_on_lines(self.ctx, lines):
             if getattr(call.func, "attr", getattr(call.func, "id", "")) != "init_process_group":
                 continue  # cheap first: the qualified name is looked up for few calls
             if (self.ctx.qualname(call.func) or "") != "torch.distributed.init_process_group":
@@ -152,10 +153,10 @@ class CollectiveOnCpuTensor(Rule):
         return any(start <= line <= end for start, end in self._device_blocks)
 
     def _starts_group(self) -> bool:
-        return "init_process_group" in self.ctx.source and any(
-            isinstance(node, ast.Call)
-            and (self.ctx.qualname(node.func) or "") == "torch.distributed.init_process_group"
-            for node in walk(self.ctx.tree)
+        lines = self.ctx.lines_holding(["init_process_group"])
+        return any(
+            (self.ctx.qualname(call.func) or "") == "torch.distributed.init_process_group"
+            for _, call in calls_on_lines(self.ctx, lines)
         )
 
     def _check(self, call: ast.Call, arg: ast.expr, finder: Finder, where: str) -> None:

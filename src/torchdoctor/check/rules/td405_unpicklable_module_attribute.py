@@ -5,7 +5,7 @@ import re
 from collections.abc import Callable
 from typing import ClassVar
 
-from torchdoctor.check.analysis.scope_index import scoped_calls
+from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder, Unpicklable
@@ -160,7 +160,7 @@ class UnpicklableModuleAttribute(Rule):
         """Lambdas given to `cls(...)` for a parameter that `__init__` stores on self."""
         init = next(m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__")
         positional = [a.arg for a in init.args.args[1:]]
-        for scope, call in scoped_calls(self.ctx):
+        for scope, call in calls_on_lines(self.ctx, self.ctx.lines_holding([cls.name])):
             if not (isinstance(call.func, ast.Name) and call.func.id == cls.name):
                 continue
             finder = Finder(self.ctx, scope)
@@ -174,7 +174,8 @@ class UnpicklableModuleAttribute(Rule):
         """A call in this file that pickles a whole module, if any."""
         if not any(f"{last}(" in self.ctx.source for last in _PICKLE_NAMES):
             return None  # cheap first: most files with a lambda pickle nothing
-        for scope, call in scoped_calls(self.ctx):
+        lines = self.ctx.lines_holding([f"{last}(" for last in _PICKLE_NAMES])
+        for scope, call in calls_on_lines(self.ctx, lines):
             func = call.func
             last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if (
