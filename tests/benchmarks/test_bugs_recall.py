@@ -94,6 +94,34 @@ def test_rebuild_writes_the_parent_version_of_each_file(mirrors: Path, tmp_path:
     assert (out / record["id"] / "src" / "train.py").read_text() == TRAIN  # not the fix
 
 
+def test_rebuild_with_context_writes_the_rest_of_the_repository(
+    mirrors: Path, tmp_path: Path
+) -> None:
+    record = _record(mirrors, 6, ["TD101"])  # its parent: before the files below
+    repo = mirrors / "octo+demo" / "repo"
+    (repo / "src" / "model.py").write_text("import torch\n")
+    (repo / "setup.cfg").write_text("[metadata]\n")
+    (repo / "requirements-dev.txt").write_text("torch\n")
+    (repo / "notes.txt").write_text("not code\n")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "more")
+    out = tmp_path / "out"
+    bugs_file = _write(tmp_path / "bugs.jsonl", [record])
+    assert bugs.rebuild(mirrors, out, bugs_file, context=True) == 0
+    assert sorted(p.name for p in (out / record["id"]).rglob("*") if p.is_file()) == ["train.py"]
+    # an item whose parent has them: the labelled line of the fixed file still matches
+    later = {**record, "id": "octo+demo@later", "parent_commit": _git(repo, "rev-parse", "HEAD")}
+    later["files"] = [{"path": "src/train.py", "lines": [{"line": 3, "sha1": _sha1("")}]}]
+    assert bugs.rebuild(mirrors, out, _write(tmp_path / "b2.jsonl", [later]), context=True) == 0
+    written = sorted(
+        p.relative_to(out / "octo+demo@later").as_posix()
+        for p in (out / "octo+demo@later").rglob("*")
+        if p.is_file()
+    )
+    assert written == ["requirements-dev.txt", "setup.cfg", "src/model.py", "src/train.py"]
+    assert (out / "octo+demo@later" / "src" / "train.py").read_text() != TRAIN  # the fix
+
+
 def test_rebuild_refuses_an_item_whose_line_no_longer_matches_its_sha1(
     mirrors: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

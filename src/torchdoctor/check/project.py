@@ -149,6 +149,11 @@ class ProjectIndex:
     # method of an object built from it does is read there, on demand
     # (analysis/kept_state.py; TD206 asks whether `meter.update(loss)` keeps `loss`).
     class_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Class name -> (parameter, its position after `self` (-1: keyword-only), the CUDA
+    # literal, file, line) for a class defined once in the project whose `__init__`
+    # takes a device that defaults to CUDA (`device="cuda"`) and uses it
+    # (analysis/dropped_device.py; TD101 asks at calls that leave it out).
+    cuda_defaults: dict[str, tuple[str, int, str, str, int]] = field(default_factory=dict)
     # Every checked file's path (imports are resolved against them).
     paths: frozenset[str] = frozenset()
 
@@ -204,6 +209,8 @@ class ProjectIndex:
             text += "\ngeneric:" + self.generic_digest
         if self.wrapped_arguments:
             text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
+        if self.cuda_defaults:
+            text += "\ncuda-defaults:" + repr(sorted(self.cuda_defaults.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
         if self.class_files:

@@ -52,6 +52,11 @@ Parts, bottom to top (a module imports only modules listed before it; the
 interpreters see the per-file objects above them only through protocols):
 
 - `values`        the value lattice: Kind, Place, Value, join, Mismatch, Move, CallSite
+- `default_path`  the path where a caller leaves out a None-default parameter: the CPU
+                  values `if h is None: h = torch.zeros(n)` makes stay facts at the join
+                  (`Value.default_of`), the given branch being unknown
+- `dropped_device` classes whose `__init__` device defaults to CUDA (a project fact), and
+                  calls that build one without the device their function was given (TD101)
 - `torch_api`     vocabularies of torch's API: factories, device-preserving methods, layers
 - `syntax`        questions about syntax alone: dotted names, bound names, decorators
 - `interfaces`    protocols the scope interpreter and FunctionInfo see their file through

@@ -77,7 +77,11 @@ class FileFlow(FileIndex):
         self._in_progress.add(node)
         try:
             seeds = self._seeds(node, depth, callers)
-            found = ScopeFlow(self, node, seeds=seeds)
+            twin = self._scopes.get((node, not callers))
+            if twin is not None and twin.seeds == seeds:
+                found = twin  # no call site added anything: the same facts, not run again
+            else:
+                found = ScopeFlow(self, node, seeds=seeds)
         finally:
             self._in_progress.discard(node)
         self._scopes[key] = found

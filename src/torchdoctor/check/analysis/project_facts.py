@@ -21,6 +21,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 
+from torchdoctor.check.analysis.dropped_device import CudaDefault, cuda_default_classes
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Passed, Value
@@ -272,6 +273,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
     class_files: dict[str, list[str]] = {}
+    cuda_defaults: dict[str, CudaDefault] = {}
     count = 0
     paths: set[str] = set()
     for item in sources:
@@ -290,6 +292,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         if zeroing is not None:
             index.zeroing_calls |= zeroing
         extensions |= cuda_extensions(source)
+        cuda_defaults.update(cuda_default_classes(path, source))
         for name, facts in class_builds(source).items():
             classes.setdefault(name, []).append(facts)
         count += 1
@@ -304,6 +307,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     index.cuda_extensions = frozenset(extensions)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
     index.class_files = {name: tuple(files) for name, files in class_files.items()}
+    # a class name defined in two files: which one a call builds is not known
+    index.cuda_defaults = {n: f for n, f in cuda_defaults.items() if definitions.get(n) == 1}
     index.resolve()
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)

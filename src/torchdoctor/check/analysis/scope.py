@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.default_path import keep_default_env
 from torchdoctor.check.analysis.interfaces import FileFacts
 from torchdoctor.check.analysis.scope_calls import ScopeCalls
 from torchdoctor.check.analysis.scope_core import _LoopFrame
@@ -158,7 +159,13 @@ class ScopeFlow(ScopeCalls):
         after_body = self.env
         self.env = before
         self._exec_block(stmt.orelse)
-        self.env = join_env(after_body, self.env)
+        joined = join_env(after_body, self.env)
+        omitted = self.when_omitted(stmt.test)
+        if omitted is not None and joined is not None:
+            default_env = after_body if omitted[1] else self.env
+            if default_env is not None:
+                joined = keep_default_env(joined, default_env, omitted[0])
+        self.env = joined
 
     def _exec_with(self, stmt: ast.stmt) -> None:
         assert isinstance(stmt, ast.With | ast.AsyncWith)

@@ -415,6 +415,9 @@ class ScopeCalls(ScopeMoves):
             for elt, item in zip(node.elts, value.items, strict=False):
                 out.extend(self._tensor_operands(elt, item))
             return out
+        if isinstance(node, ast.Name) and value.kind is Kind.CONTAINER and value.items:
+            # a name bound to a tuple display (`states = (h, c)`): its elements
+            return [(node, item) for item in value.items if item.kind is not Kind.CONTAINER]
         return [(node, value)]
 
     # -- methods -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import ast
 import dataclasses
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.default_path import none_defaults, rebound_before, when_omitted
 from torchdoctor.check.analysis.interfaces import FileFacts
 from torchdoctor.check.analysis.syntax import (
     _decorated_no_grad,
@@ -53,6 +54,7 @@ class ScopeCore:
         self.node = node
         self.seeds = seeds
         self._values: dict[ast.AST, Value] = {}
+        self._none_defaults: frozenset[str] | None = None
         self._mismatches: dict[tuple[int, int], Mismatch] = {}
         self.moves: list[Move] = []
         self.conversions: list[Conversion] = []  # tensors NumPy converts implicitly
@@ -98,6 +100,18 @@ class ScopeCore:
 
     def device_target(self, target: ast.expr) -> tuple[Place, str] | None:
         raise NotImplementedError
+
+    def when_omitted(self, test: ast.expr) -> tuple[str, bool] | None:
+        """(parameter, the test's truth) where the caller leaves out a None-default
+        parameter the scope has not rebound by then (analysis/default_path.py)."""
+        if self._none_defaults is None:
+            self._none_defaults = none_defaults(self.node)
+        if not self._none_defaults:
+            return None
+        found = when_omitted(test, self._none_defaults)
+        if found is None or rebound_before(self.node, found[0], test.lineno):
+            return None
+        return found
 
     # -- queries -------------------------------------------------------------------------
     def value(self, node: ast.AST) -> Value:

@@ -6,6 +6,7 @@ import ast
 import dataclasses
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.default_path import keep_default_side
 from torchdoctor.check.analysis.scope_core import ScopeCore
 from torchdoctor.check.analysis.syntax import _target_names, dotted
 from torchdoctor.check.analysis.torch_api import (
@@ -290,7 +291,12 @@ class ScopeExprs(ScopeCore):
     def _eval_ifexp(self, node: ast.expr) -> Value:
         assert isinstance(node, ast.IfExp)
         self.eval(node.test)
-        return join(self.eval(node.body), self.eval(node.orelse))
+        body, orelse = self.eval(node.body), self.eval(node.orelse)
+        joined = join(body, orelse)
+        omitted = self.when_omitted(node.test)
+        if omitted is not None:
+            return keep_default_side(joined, body if omitted[1] else orelse, omitted[0])
+        return joined
 
     def _eval_boolop(self, node: ast.expr) -> Value:
         assert isinstance(node, ast.BoolOp)

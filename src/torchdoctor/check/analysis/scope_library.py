@@ -146,7 +146,9 @@ class ScopeLibrary(ScopeExprs):
 
     def _is_module_class(self, qual: str) -> bool:
         if qual.startswith("torch.") and not (
-            qual.startswith("torch.nn.") and qual.count(".") == 2
+            (qual.startswith("torch.nn.") and qual.count(".") == 2)
+            # where a layer is defined: `from torch.nn.modules.rnn import LSTMCell`
+            or (qual.startswith("torch.nn.modules.") and qual.count(".") == 4)
         ):
             return False  # torch.nn.utils..., torch.optim...: not layers
         return self.ff.is_module_class_name(qual)

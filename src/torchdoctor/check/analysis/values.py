@@ -85,6 +85,9 @@ class Value:
     optimizer: ast.Call | None = None  # MODULE: an optimizer built from its parameters
     items: tuple[Value, ...] | None = None  # CONTAINER: known elements (a tuple display)
     element: Value | None = None  # CONTAINER: what iterating it gives (None: empty so far)
+    # on this path only where the caller leaves out this parameter (its default None):
+    # `if h is None: h = torch.zeros(n)` (analysis/default_path.py)
+    default_of: str = ""
 
     @property
     def tensor_like(self) -> bool:
@@ -135,6 +138,11 @@ def join(a: Value, b: Value) -> Value:
         changes["grad"] = True  # may require grad on some path
     if "guessed" in changes:
         changes["guessed"] = True  # a module on some paths only by the guess
+    if "default_of" in changes:
+        if a.default_of and b.default_of:
+            changes["place"] = Place.UNKNOWN  # each on the CPU on another path only
+        else:  # on the CPU on every path, or where the caller leaves the parameter out
+            changes["default_of"] = a.default_of or b.default_of
     if "place" in changes:
         device_side = a if a.place is Place.DEVICE else b if b.place is Place.DEVICE else None
         other = b if device_side is a else a

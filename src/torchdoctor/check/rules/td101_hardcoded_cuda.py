@@ -5,6 +5,7 @@ import re
 from typing import TYPE_CHECKING, ClassVar
 
 from torchdoctor.check.analysis.device_choice import device_reason
+from torchdoctor.check.analysis.dropped_device import dropped_device
 from torchdoctor.check.analysis.gpu_gates import (
     always_run_calls,
     calls_cuda_only,
@@ -86,6 +87,10 @@ class HardcodedCuda(Rule):
       so it is meant to run without a GPU;
     - in test code, which runs on CPU-only CI machines.
 
+    It also finds a function given a device that builds a project class whose device
+    defaults to CUDA without passing it (`self.attn = Attention(dim)` in
+    `Block.__init__(self, dim, device)`): the class takes CUDA whatever was chosen.
+
     A script that shows no other device was written for a GPU machine; its
     hard-wired CUDA is reported by TD115 (advice, off by default).
 
@@ -151,11 +156,18 @@ class HardcodedCuda(Rule):
     name = "hardcoded-cuda"
     category = "device"
     severity = Severity.ERROR
-    triggers: ClassVar[tuple[str, ...]] = ("cuda",)
+    # "device": a function given one may drop it (analysis/dropped_device.py)
+    triggers: ClassVar[tuple[str, ...]] = ("cuda", "device")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call, ast.Assign, ast.AnnAssign)
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
+        # a file that never says "cuda" can only drop a device a class defaults to CUDA
+        self._dropped_only = "cuda" not in ctx.source
+        if self._dropped_only:
+            self._file_is_cuda_only = False
+            skip_visits(self, keep=(ast.Call,) if ctx.project.cuda_defaults else ())
+            return
         path = ctx.project_path
         self._file_is_cuda_only = bool(
             _CUDA_NAME.search(path)
@@ -173,7 +185,8 @@ class HardcodedCuda(Rule):
             skip_visits(self, keep=(ast.Call,))
 
     def visit_needles(self) -> tuple[str, ...]:
-        return ("cuda",)  # `.cuda()` or a "cuda..." string
+        # `.cuda()` or a "cuda..." string, or a class whose device defaults to CUDA
+        return ("cuda", *self.ctx.project.cuda_defaults)
 
     # -- what is hardcoded ------------------------------------------------------
     def visit(self, node: ast.AST) -> None:
@@ -189,6 +202,10 @@ class HardcodedCuda(Rule):
                 if isinstance(func, ast.Name)
                 else ""
             )
+            if last in self.ctx.project.cuda_defaults:
+                self._check_dropped(node)
+            if self._dropped_only:
+                return
             if last != "cuda" and not (
                 self._literals
                 and (
@@ -209,6 +226,13 @@ class HardcodedCuda(Rule):
         reason = device_reason(self.ctx, [*self.ctx.stack, node], node)
         if self.reports(reason):
             self.report(culprit, message if reason is None else f"{message}: {reason}", hint=_HINT)
+
+    def _check_dropped(self, call: ast.Call) -> None:
+        """A class whose device defaults to CUDA, built without the device this
+        function was given (analysis/dropped_device.py)."""
+        message = dropped_device(self.ctx, [*self.ctx.stack, call], call)
+        if message is not None and (self._dropped_only or not self._guarded(call)):
+            self.report(call, message, hint=_HINT)
 
     def reports(self, reason: str | None) -> bool:
         """A bug only where the code shows it must run off the GPU too (`reason`);

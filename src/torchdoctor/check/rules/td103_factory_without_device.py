@@ -136,6 +136,8 @@ class FactoryWithoutDevice(Rule):
                 continue
             if not inside or id(m.site) in moved_now or _on_no_gpu_path(m.site, func):
                 continue
+            if m.via == "module" and self._moves_inputs(scope, m):
+                continue  # the module puts what it is given on its device itself
             qual = self.ctx.call_name(source) or ""
             factory = qual.rsplit(".", 1)[-1]
             legacy = factory in LEGACY_CONSTRUCTORS and qual.count(".") == 1
@@ -143,6 +145,13 @@ class FactoryWithoutDevice(Rule):
                 continue
             reported.add(source)
             self.report(source, self._message(func, forward, m, qual, factory))
+
+    def _moves_inputs(self, scope: ScopeFlow, m: Mismatch) -> bool:
+        """A call of a module whose class moves what it receives (`x = x.to(device)`)."""
+        module = m.other
+        if module.kind is not Kind.MODULE and isinstance(m.site, ast.Call):
+            module = scope.value(m.site.func)
+        return bool(module.cls) and module.cls in self.ctx.project.moving_classes
 
     def _helpers(self, func: AnyFunction) -> list[AnyFunction]:
         ff = file_flow(self.ctx)
@@ -188,6 +197,8 @@ class FactoryWithoutDevice(Rule):
                 through = " -> ".join(f"`{c.name}`" for c in chain)
                 path += f"; {through} runs it"
         if factory in LEGACY_CONSTRUCTORS:
+            if m.cpu.default_of:
+                path += f", when the caller leaves out `{m.cpu.default_of}`"
             dtype = _LEGACY_DTYPES.get(factory, "")
             return (
                 f"`{qual}(...)` is a legacy constructor: it always makes its tensor on the CPU, "
@@ -195,6 +206,8 @@ class FactoryWithoutDevice(Rule):
                 f"on a GPU; use `torch.tensor(...{dtype}, device={device})`"
                 + ("" if dtype else f" for data, `torch.empty(..., device={device})` for sizes")
             )
+        if m.cpu.default_of:  # `if h is None: h = torch.zeros(n)`
+            path += f", when the caller leaves out `{m.cpu.default_of}`"
         return (
             f"`{qual}(...)` has no `device=`: it is made on the CPU and {meets} (line "
             f"{m.site.lineno}{path}), which fails once the model is on a GPU; pass "  # type: ignore[attr-defined]

@@ -156,6 +156,8 @@ class UnregisteredTensor(Rule):
         made = f"made at line {value.line}" + (f" by `{value.name}`" if value.name else "")
         if helper:
             made += f" in `{helper}`, which `__init__` runs"
+        if value.default_of:  # `w if w is not None else torch.ones(n)`
+            made += f" when the caller leaves out `{value.default_of}`"
         message = (
             f"`self.{attr}` is a plain tensor attribute ({made}), not a buffer: "
             f"`model.to(device)` leaves it on the CPU, where `{method}` uses it with tensors on "

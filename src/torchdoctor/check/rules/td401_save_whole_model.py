@@ -4,6 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.torch_api import MODULE_ONLY_SAVED_METHODS
 from torchdoctor.check.context import FileContext, walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
@@ -23,11 +24,6 @@ _MODEL_SUFFIX = re.compile(r"(^|_)(model|net)$", re.IGNORECASE)
 # Calls whose result is no module.
 _NOT_MODULES = frozenset(
     {"state_dict", "dict", "OrderedDict", "load", "load_state_dict", "get", "copy", "items"}
-)
-# Methods only an nn.Module has (an optimizer has state_dict and zero_grad, a tensor has
-# to/cuda/half): a name they are called on holds a module.
-_MODULE_ONLY_METHODS = frozenset(
-    {"parameters", "named_parameters", "modules", "named_modules", "children", "train"}
 )
 # Factories that build modules.
 _MODULE_FACTORIES = re.compile(
@@ -158,7 +154,7 @@ class SaveWholeModel(Rule):
             if (
                 isinstance(sub, ast.Call)
                 and isinstance(sub.func, ast.Attribute)
-                and sub.func.attr in _MODULE_ONLY_METHODS
+                and sub.func.attr in MODULE_ONLY_SAVED_METHODS
                 and isinstance(sub.func.value, ast.Name)
                 and sub.func.value.id == name
                 and sub.lineno < line

@@ -1,0 +1,105 @@
+"""The path where a caller leaves out a parameter whose default is None.
+
+`def forward(self, x, h=None): if h is None: h = torch.zeros(n)` makes `h` on the CPU
+whenever the caller gives no `h`, whatever it is when one is given. The plain join of the
+two branches knows nothing (the given `h` is unknown), so the meeting of `h` with the
+module's device is lost. A test that can be decided with the parameter at its default
+(`h is None`, `not h`, `h != None`) says which branch that call runs; what that branch
+leaves on the CPU stays a fact, marked `Value.default_of` = the parameter ("CPU when the
+caller leaves it out"), for the rules' messages.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+
+from torchdoctor.check.analysis.values import _TENSOR_KINDS, Env, Kind, Place, ScopeNode, Value
+
+
+def none_defaults(func: ScopeNode) -> frozenset[str]:
+    """Parameters of `func` whose default is None (`h=None`, `*, mask=None`)."""
+    if isinstance(func, ast.Module):
+        return frozenset()
+    args = func.args
+    params = [*args.posonlyargs, *args.args]
+    pairs = list(zip(params[len(params) - len(args.defaults) :], args.defaults, strict=False))
+    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=False) if d]
+    return frozenset(a.arg for a, d in pairs if isinstance(d, ast.Constant) and d.value is None)
+
+
+def rebound_before(func: ScopeNode, name: str, line: int) -> bool:
+    """Whether `func` may bind `name` before `line` (then it is no longer the caller's)."""
+    for node in ast.walk(func):
+        if getattr(node, "lineno", line) >= line:
+            continue
+        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
+            return True
+        if isinstance(node, ast.Global | ast.Nonlocal) and name in node.names:
+            return True
+    return False
+
+
+def when_omitted(test: ast.expr, params: frozenset[str]) -> tuple[str, bool] | None:
+    """(parameter, the test's truth) when a parameter in `params` is None, if that decides
+    the test: `h is None` -> ("h", True), `not h == None` -> ("h", False)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = when_omitted(test.operand, params)
+        return (inner[0], not inner[1]) if inner else None
+    if isinstance(test, ast.Name) and test.id in params:
+        return test.id, False  # None is falsy
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.left, ast.Name)
+        and test.left.id in params
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+    ):
+        op = test.ops[0]
+        if isinstance(op, ast.Is | ast.Eq):
+            return test.left.id, True
+        if isinstance(op, ast.IsNot | ast.NotEq):
+            return test.left.id, False
+    return None
+
+
+def on_cpu(value: Value) -> bool:
+    """A tensor made on the CPU (0-dim ones mix with any device), or a tuple of them."""
+    if value.kind is Kind.CONTAINER:
+        return bool(value.items) and all(on_cpu(item) for item in value.items or ())
+    return (
+        value.kind in _TENSOR_KINDS
+        and value.kind is not Kind.UNKNOWN
+        and value.place is Place.CPU
+        and not value.scalar
+        and not value.assumed
+    )
+
+
+def marked(value: Value, param: str) -> Value:
+    """`value`, known to be there only when the caller leaves out `param`."""
+    if value.default_of:
+        return value  # already a narrower path
+    items = value.items
+    if items is not None:
+        items = tuple(marked(item, param) for item in items)
+    return dataclasses.replace(value, default_of=param, items=items)
+
+
+def keep_default_side(joined: Value, default_side: Value, param: str) -> Value:
+    """The join of two branches, or the CPU value of the branch the default runs."""
+    if on_cpu(joined) or not on_cpu(default_side):
+        return joined
+    return marked(default_side, param)
+
+
+def keep_default_env(joined: Env, default_env: Env, param: str) -> Env:
+    """`joined` with each CPU value of the default's branch kept (see keep_default_side)."""
+    for key, value in default_env.items():
+        if not on_cpu(value):
+            continue
+        before = joined.get(key)
+        if before is None or not on_cpu(before):
+            joined[key] = marked(value, param)
+    return joined
