@@ -152,6 +152,10 @@ class ProjectIndex:
     # TD204 asks whether another file may zero around a step method it calls
     # (analysis/project_facts.zeroing_calls).
     zeroing_calls: frozenset[str] = frozenset()
+    # Class name -> the files of the project that define a class of that name: what a
+    # method of an object built from it does is read there, on demand
+    # (analysis/kept_state.py; TD206 asks whether `meter.update(loss)` keeps `loss`).
+    class_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Class name -> (parameter, its position after `self` (-1: keyword-only), the CUDA
     # literal, file, line) for a class defined once in the project whose `__init__`
     # takes a device that defaults to CUDA (`device="cuda"`) and uses it
@@ -248,12 +252,18 @@ class ProjectIndex:
             text += "\npickles:" + repr(self.module_pickles)
         if self.parameter_classes:
             text += "\nparameters:" + ",".join(sorted(self.parameter_classes))
+        if self.class_files:
+            text += "\nclass-files:" + _digest_text(repr(sorted(self.class_files.items())))
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def is_module_class_name(self, name: str) -> bool:
         return name.rsplit(".", 1)[-1] in self.module_classes or _base_is_torch_module(name)
+
+
+def _digest_text(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def digest(facts: dict[str, tuple[CallFact, ...]]) -> str:

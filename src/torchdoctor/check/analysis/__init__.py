@@ -89,13 +89,21 @@ interpreters see the per-file objects above them only through protocols):
                   steps, and its plain runs of a model it is given, which belong to the
                   caller's evaluation region and count as runs before the caller's backward())
 - `loop_index` < `file_loops`   one file's training-loop facts, calls resolved to the
-                  file's functions and to sibling modules it imports
+                  file's functions and to sibling modules it imports (beside the file; on
+                  request, the one project file whose path ends like the dotted import:
+                  `ProjectIndex.paths`)
 - `class_calls`   methods looked up along a class's bases in the file (an inherited
                   method's `self.forward` is the subclass's), and the `self.m(...)` call
                   sites of a method with the class `self` is there
 - `mode_intent`   whether a `model.train()` in evaluation code is deliberate (MC dropout,
                   a phase flag) and the `if is_train: ... else: model.eval()` of a function
                   serving both phases
+- `kept_state`    objects that keep what their methods are given (`meter.update(loss)` adds
+                  `loss` up in `self`'s state): the receiver's class where the code builds
+                  it, its method read in the file or the project's file defining the class
+                  (`ProjectIndex.class_files`, loaded on demand; TD206)
+- `graph_flow`    functions that give back a differentiable transform of a parameter
+                  (`return attn.max(dim=1)[0].mean()`): their result has its graph (TD206)
 - `inline_events` a function's events with the events of the file's functions it calls in
                   place of each call (`Event.site`): a training loop split across methods
 """

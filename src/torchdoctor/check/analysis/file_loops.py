@@ -176,12 +176,20 @@ class FileLoops(LoopIndex):
         return None if None in verdicts else False
 
     def resolve(
-        self, fi: FunctionInfo, call: ast.Call, *, other_files: bool = True
+        self,
+        fi: FunctionInfo,
+        call: ast.Call,
+        *,
+        other_files: bool = True,
+        by_tail: bool = False,
     ) -> tuple[FunctionInfo, bool] | None:
         """The function `call` runs, and whether it is called as a method on `self`.
 
         With `other_files`, names imported from a sibling module are looked up there
-        (which parses that file once); otherwise only this file is searched.
+        (which parses that file once); otherwise only this file is searched. With
+        `by_tail`, an import the folders beside the file do not resolve is looked up
+        in the project by its dotted path's tail (`sibling_file`; may parse one more
+        file: asked only where a rule has already found what it needs the callee for).
         """
         func = call.func
         if isinstance(func, ast.Name):
@@ -196,7 +204,7 @@ class FileLoops(LoopIndex):
             # CapWords names are classes: constructing one runs no code we summarise
             if other_files and target and "." in target.lstrip(".") and func.id[:1].islower():
                 module, _, name = target.rpartition(".")
-                other = sibling_file(self.ctx, module)
+                other = sibling_file(self.ctx, module, by_tail)
                 if other is not None and name in other.top:
                     return other.top[name], False
             return None
@@ -213,7 +221,7 @@ class FileLoops(LoopIndex):
                 return None
             target = self.ctx.imports.get(owner)
             if other_files and target is not None and func.attr[:1].islower():
-                other = sibling_file(self.ctx, target)
+                other = sibling_file(self.ctx, target, by_tail)
                 if other is not None and func.attr in other.top:
                     return other.top[func.attr], False
         return None
@@ -315,8 +323,9 @@ def recording_siblings() -> Iterator[set[str]]:
         _READING.pop()
 
 
-def sibling_file(ctx: FileContext, module: str) -> FileLoops | None:
-    """The analysed file a dotted import names, looked up beside the checked file."""
+def sibling_file(ctx: FileContext, module: str, by_tail: bool = False) -> FileLoops | None:
+    """The analysed file a dotted import names, looked up beside the checked file (and,
+    `by_tail`, the one project file whose path ends like it)."""
     level = len(module) - len(module.lstrip("."))
     parts = [p for p in module.lstrip(".").split(".") if p]
     if not parts or ctx.path in ("", "<stdin>"):
@@ -340,7 +349,38 @@ def sibling_file(ctx: FileContext, module: str) -> FileLoops | None:
                 for reading in _READING:
                     reading.add(os.path.abspath(candidate))
                 return _load_sibling(candidate, ctx)
+    if level or not by_tail:
+        return None
+    found = _by_tail(ctx, parts)
+    return project_file(ctx, found) if found is not None else None
+
+
+def _by_tail(ctx: FileContext, parts: list[str]) -> str | None:
+    """The one project file whose path ends with the longest tail of `parts` (two parts
+    at least: `utils/metrics.py` for `pkg.utils.metrics`); None where two files match."""
+    modules = {
+        path: "/" + path.rsplit(".", 1)[0].removesuffix("/__init__")
+        for path in ctx.project.paths
+        if f"/{path}".endswith((f"/{parts[-1]}.py", f"/{parts[-1]}/__init__.py"))
+    }
+    for start in range(len(parts) - 1):
+        tail = "/" + "/".join(parts[start:])
+        matches = [path for path, module in modules.items() if module.endswith(tail)]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            return None
     return None
+
+
+def project_file(ctx: FileContext, path: str) -> FileLoops | None:
+    """Another file of the checked project (a path the project index names), analysed;
+    recorded as one the checked file's findings depend on."""
+    if os.path.abspath(path) == os.path.abspath(ctx.path):
+        return None
+    for reading in _READING:
+        reading.add(os.path.abspath(path))
+    return _load_sibling(path, ctx)
 
 
 def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
+from collections.abc import Callable
 from typing import ClassVar
 
 from torchdoctor.check.analysis.events import BACKWARD, Event
 from torchdoctor.check.analysis.file_flow import file_flow
-from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.graph_flow import graph_passing_parameter
+from torchdoctor.check.analysis.kept_state import kept_arguments
 from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.values import Kind
@@ -31,6 +35,16 @@ class LossKeptWithGraph(Rule):
     accumulator must outlive the iteration (defined before the loop) and must not
     itself be given to `backward()` later (summing losses on purpose to call
     `backward()` once is fine).
+
+    An object of the project's own classes counts as an accumulator when the method
+    called adds its argument up in the object's state (`meter.update(loss)` where
+    `update` does `self.sum += val`, looked up in the class's file). A method that
+    runs `backward()` is a training step, run once per batch: what it adds up into
+    `self` (`self.losses.update([l1, l2])`, `self.total += loss`) outlives the call
+    just as an accumulator defined before a loop does. Besides the loss and its
+    parts, values from the same forward pass count (`out, attn = model(x)` with
+    `loss = criterion(out, y)`: `attn`), also through a function of the project
+    that returns a differentiable transform of them (`attn.max(dim=1)[0].mean()`).
 
     ## Why is this bad?
     `total += loss` makes `total` a tensor whose `grad_fn` links to this step's
@@ -81,13 +95,17 @@ class LossKeptWithGraph(Rule):
     fix_availability = FixAvailability.SAFE
     triggers: ClassVar[tuple[str, ...]] = ("backward",)
 
+    _following: set[str]
+
     def finish(self) -> None:
+        self._following = set()
         if not is_torch_file(self.ctx.source):
             return
         fl = analysis(self.ctx)
         helpers = any(fl.backward_params(fi) for fi in fl.all_functions())
+        objects = bool(self.ctx.project.class_files) or "class " in self.ctx.source
         for fi in fl.all_functions():
-            if not _may_accumulate_a_loss(fi.text, helpers):
+            if not _may_accumulate_a_loss(fi.text, helpers, objects or fi.cls is not None):
                 continue
             events = [e for e in fl.events(fi) if e.kind == BACKWARD and e.expr is not None]
             if not events:
@@ -98,12 +116,14 @@ class LossKeptWithGraph(Rule):
                     loops[id(loop)] = loop
             backed = _backward_names(events)
             reported: set[int] = set()
+            kept = functools.partial(kept_arguments, self.ctx, fi) if objects else None
             for loop in loops.values():
                 graph = {name for e in events if e.in_loop(loop) for name in _loss_names(e)}
                 if not graph:
                     continue
-                graph |= _parts_of(loop, graph)
-                for stmt, acc, value in _accumulations(loop):
+                graph |= _parts_of(loop, graph) | _returned_parts(fl, fi, loop, graph)
+                graph |= _fellow_outputs(loop, graph)
+                for stmt, acc, value in _accumulations(loop, kept):
                     if id(stmt) in reported or acc in graph or acc in backed:
                         continue
                     culprit = self._carries_graph(fi, value, graph)
@@ -112,7 +132,33 @@ class LossKeptWithGraph(Rule):
                     if _used_in_backward(fi, acc, events):
                         continue
                     reported.add(id(stmt))
-                    self._report(fi, loop, stmt, acc, value, culprit, events)
+                    self._report(fi, loop, stmt, (acc, value, culprit), events, graph)
+            if fi.cls is not None and not fi.is_module:
+                self._kept_on_self(fl, fi, events, kept, reported)
+
+    def _kept_on_self(
+        self,
+        fl: FileLoops,
+        fi: FunctionInfo,
+        events: list[Event],
+        kept: Callable[[ast.Call], list[ast.expr]] | None,
+        reported: set[int],
+    ) -> None:
+        """A method that runs backward() is a training step, run once per batch: what it
+        adds up into `self`'s state (`self.meter.update(loss)`, `self.total += loss`)
+        outlives the call, like an accumulator defined before a loop."""
+        graph = _backward_names(events)
+        graph |= _parts_of(fi.node, graph) | _returned_parts(fl, fi, fi.node, graph)
+        for stmt, acc, value in _accumulations(fi.node, kept):
+            if id(stmt) in reported or acc in graph or not acc.startswith("self."):
+                continue
+            culprit = self._carries_graph(fi, value, graph)
+            if culprit is None or _reset_inside(fi.node, acc, stmt):
+                continue
+            if _used_in_backward(fi, acc, events):
+                continue
+            reported.add(id(stmt))
+            self._report(fi, fi.node, stmt, (acc, value, culprit), events, graph)
 
     def _carries_graph(self, fi: FunctionInfo, value: ast.expr, graph: set[str]) -> str | None:
         """The name in `value` that carries a graph, unless something detaches it."""
@@ -122,7 +168,7 @@ class LossKeptWithGraph(Rule):
             held = file_flow(self.ctx).scope(_scope_node(fi)).value(value)
             if held.kind is Kind.TENSOR and held.grad:
                 return value.id
-            return None
+            return self._bound_to_graph(fi, value.id, graph)
         if isinstance(value, ast.BinOp) and isinstance(
             value.op, ast.Add | ast.Sub | ast.Mult | ast.Div
         ):
@@ -131,29 +177,75 @@ class LossKeptWithGraph(Rule):
             )
         if isinstance(value, ast.UnaryOp):
             return self._carries_graph(fi, value.operand, graph)
+        if isinstance(value, ast.Call):  # a function of the project passing the graph on
+            resolved = analysis(self.ctx).resolve(fi, value, by_tail=True)
+            if resolved is None or resolved[0].is_module or not value.args:
+                return None
+            callee, on_self = resolved
+            position = graph_passing_parameter(callee.node)  # type: ignore[arg-type]
+            index = position - 1 if on_self and position is not None else position
+            if index is None or not 0 <= index < len(value.args):
+                return None
+            if any(isinstance(a, ast.Starred) for a in value.args[: index + 1]):
+                return None
+            return self._carries_graph(fi, value.args[index], graph)
+        if isinstance(value, ast.List | ast.Tuple):  # `meter.update([l1, l2])`
+            for element in value.elts:
+                found = self._carries_graph(fi, element, graph)
+                if found is not None:
+                    return found
         return None  # calls (`.item()`, `float()`, `.detach()`), subscripts: left alone
+
+    def _bound_to_graph(self, fi: FunctionInfo, name: str, graph: set[str]) -> str | None:
+        """`name` where every binding of it in `fi` is a call passing a graph on:
+        `score = diagonal_score(attn)` with `attn` carrying one."""
+        values: list[ast.expr] = []
+        for stmt in fi.own_statements():
+            for target in _bound_names(stmt):
+                if target == name:
+                    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+                        return None
+                    values.append(stmt.value)
+        if not values or not all(isinstance(v, ast.Call) for v in values):
+            return None
+        if name in self._following:  # `x = f(x)` does not prove itself
+            return None
+        self._following.add(name)
+        try:
+            return name if all(self._carries_graph(fi, v, graph) for v in values) else None
+        finally:
+            self._following.discard(name)
 
     def _report(
         self,
         fi: FunctionInfo,
         loop: ast.AST,
         stmt: ast.stmt,
-        acc: str,
-        value: ast.expr,
-        culprit: str,
+        kept: tuple[str, ast.expr, str],
         events: list[Event],
+        graph: set[str],
     ) -> None:
-        back = next((e for e in events if culprit in _loss_names(e) and e.in_loop(loop)), None)
+        acc, value, culprit = kept  # the accumulator, the value added, its graph's name
+        in_method = loop is fi.node
+        inside = [e for e in events if in_method or e.in_loop(loop)]
+        back = next((e for e in inside if culprit in _loss_names(e)), None)
         if back is not None and back.via is not None:
             proof = f" (`{self.ctx.segment(back.node)}` at line {back.line} runs its `backward()`)"
         elif back is not None:
             proof = f" (its `backward()` is at line {back.line})"
+        elif inside:
+            line = inside[0].line
+            proof = f" (computed with the loss whose `backward()` is at line {line})"
         else:
             proof = " (computed with gradients on)"
+        where = (
+            f"across calls of `{fi.name}` (a training step: it runs `backward()`)"
+            if in_method
+            else f"on every pass of the loop at line {loop.lineno}"  # type: ignore[attr-defined]
+        )
         message = (
             f"`{self.ctx.segment(stmt)}` at line {stmt.lineno} keeps the autograd graph of "
-            f"`{culprit}`{proof} alive in `{acc}` on every pass of the loop at line "
-            f"{loop.lineno}: memory grows with every step"  # type: ignore[attr-defined]
+            f"`{culprit}`{proof} alive in `{acc}` {where}: memory grows with every step"
         )
         fix: Fix | None = None
         if isinstance(stmt, ast.AugAssign) and isinstance(value, ast.Name):
@@ -169,6 +261,18 @@ class LossKeptWithGraph(Rule):
             fix=fix,
             hint=f"accumulate `{culprit}.item()` (a float) or `{culprit}.detach()`",
         )
+
+
+def _bound_names(stmt: ast.stmt) -> list[str]:
+    """The plain names `stmt` binds itself (not in nested statements)."""
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign):
+        targets = list(stmt.targets)
+    elif isinstance(stmt, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
+        targets = [stmt.target]
+    elif isinstance(stmt, ast.With | ast.AsyncWith):
+        targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
 def _scope_node(fi: FunctionInfo) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.Module:
@@ -200,6 +304,76 @@ def _parts_of(loop: ast.AST, graph: set[str]) -> set[str]:
     return found
 
 
+def _returned_parts(fl: FileLoops, fi: FunctionInfo, scope: ast.AST, graph: set[str]) -> set[str]:
+    """Names unpacked from a call of the file's function together with a backward()ed
+    loss, that the callee added up into that loss (or returned twice):
+    `loss, l1 = self.compute(x)` where `compute` returns `l1 + l2, l1`."""
+    found: set[str] = set()
+    for node in walk(scope):
+        if not (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Tuple)
+            and isinstance(node.value, ast.Call)
+        ):
+            continue
+        names = [t.id if isinstance(t, ast.Name) else None for t in node.targets[0].elts]
+        if graph.isdisjoint(names):
+            continue
+        resolved = fl.resolve(fi, node.value, other_files=False)
+        if resolved is None or resolved[0].is_module:
+            continue
+        callee = resolved[0].node
+        for ret in walk(callee):
+            if not (
+                isinstance(ret, ast.Return)
+                and isinstance(ret.value, ast.Tuple)
+                and len(ret.value.elts) == len(names)
+            ):
+                continue
+            returned = [e.id if isinstance(e, ast.Name) else None for e in ret.value.elts]
+            losses = {r for r, n in zip(returned, names, strict=True) if r and n in graph}
+            parts = _parts_of(callee, losses) | losses  # `return loss, loss`: the same tensor
+            found |= {n for r, n in zip(returned, names, strict=True) if n and r in parts}
+    return found
+
+
+def _fellow_outputs(loop: ast.AST, graph: set[str]) -> set[str]:
+    """The names unpacked from the call whose result a backward()ed loss is computed
+    from: `out, attn = model(x)` with `loss = criterion(out, y)` (the loss's input, its
+    first argument), in the same pass of the same innermost loop: `attn` comes from the
+    same forward pass, with its graph."""
+    innermost: dict[int, ast.AST] = {}
+    todo: list[tuple[ast.AST, ast.AST]] = [(loop, loop)]
+    while todo:
+        node, around = todo.pop()
+        innermost[id(node)] = around
+        inner = node if isinstance(node, ast.For | ast.AsyncFor | ast.While) else around
+        todo += [(child, inner) for child in ast.iter_child_nodes(node)]
+    inputs: list[tuple[str, ast.stmt]] = []
+    unpacked: list[tuple[set[str], ast.stmt]] = []
+    for node in walk(loop):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        value, target = node.value, node.targets[0]
+        if not isinstance(value, ast.Call):
+            continue
+        if dotted(target) in graph and value.args and isinstance(value.args[0], ast.Name):
+            inputs.append((value.args[0].id, node))
+        elif isinstance(target, ast.Tuple):
+            unpacked.append(({t.id for t in target.elts if isinstance(t, ast.Name)}, node))
+    found: set[str] = set()
+    for name, use in inputs:
+        binding = max(
+            (u for u in unpacked if name in u[0] and u[1].lineno < use.lineno),
+            key=lambda u: u[1].lineno,
+            default=None,
+        )
+        if binding is not None and innermost[id(binding[1])] is innermost[id(use)]:
+            found |= binding[0]
+    return found
+
+
 def _summands(node: ast.expr) -> set[str]:
     if isinstance(node, ast.Name):
         return {node.id}
@@ -210,21 +384,26 @@ def _summands(node: ast.expr) -> set[str]:
     return set()
 
 
-def _may_accumulate_a_loss(text: str, helpers: bool) -> bool:
+def _may_accumulate_a_loss(text: str, helpers: bool, objects: bool) -> bool:
     """A cheap text test: a backward call (not just a `def backward(` line; or a call of
-    one of the file's `helpers` that run backward() on what they are given), a loop, and
-    an accumulation (`+=`, `a = a + v`, `.append(`) may all be in this function."""
+    one of the file's `helpers` that run backward() on what they are given), and, in a
+    loop, or in a method (a training step run once per batch), an accumulation (`+=`,
+    `a = a + v`, `.append(`; with `objects`, any method call may be one) may all be in
+    this function."""
     body = line_end(text, 0)
     return (
         body < len(text)
         and (helpers or text.find("backward(", body) >= 0)
-        and ("for " in text or "while " in text)
-        and ("+" in text or "append(" in text)
+        and ("for " in text or "while " in text or "self." in text)
+        and ("+" in text or "append(" in text or objects)
     )
 
 
-def _accumulations(loop: ast.AST) -> list[tuple[ast.stmt, str, ast.expr]]:
-    """(statement, accumulator, added value) for `a += v`, `a = a + v`, `a.append(v)`."""
+def _accumulations(
+    loop: ast.AST, kept: Callable[[ast.Call], list[ast.expr]] | None = None
+) -> list[tuple[ast.stmt, str, ast.expr]]:
+    """(statement, accumulator, added value) for `a += v`, `a = a + v`, `a.append(v)`,
+    and with `kept`, `a.update(v)` of an object whose method adds `v` up in its state."""
     found: list[tuple[ast.stmt, str, ast.expr]] = []
     todo: list[ast.stmt] = list(getattr(loop, "body", []))
     while todo:
@@ -258,6 +437,10 @@ def _accumulations(loop: ast.AST) -> list[tuple[ast.stmt, str, ast.expr]]:
                 acc = dotted(call.func.value)
                 if acc is not None:
                     found.append((stmt, acc, call.args[0]))
+            elif kept is not None and isinstance(call.func, ast.Attribute):
+                acc = dotted(call.func.value)
+                if acc is not None:
+                    found += [(stmt, acc, arg) for arg in kept(call)]
     return found
 
 
@@ -267,7 +450,7 @@ def _reset_inside(loop: ast.AST, acc: str, stmt: ast.stmt) -> bool:
         if (
             isinstance(node, ast.Assign)
             and node is not stmt
-            and any(dotted(t) == acc for t in node.targets)
+            and any(dotted(t) == acc for target in node.targets for t in _unpacked(target))
             and not _adds_to(node.value, acc)
         ):
             return True
@@ -276,14 +459,23 @@ def _reset_inside(loop: ast.AST, acc: str, stmt: ast.stmt) -> bool:
     return False
 
 
+def _unpacked(target: ast.expr) -> list[ast.expr]:
+    """The targets `a, (b, c) = ...` binds: a, b, c (a plain target itself)."""
+    if isinstance(target, ast.Tuple | ast.List):
+        return [t for e in target.elts for t in _unpacked(e)]
+    return [target.value if isinstance(target, ast.Starred) else target]
+
+
 def _used_in_backward(fi: FunctionInfo, acc: str, events: list[Event]) -> bool:
     """The accumulated value goes to backward() (directly, or summed/stacked first)."""
     head = acc.split(".", 1)[0]
+    pattern = re.compile(r"\b" + re.escape(acc) + r"\b")
     for e in events:
         if head in _loss_names(e):
             return True
+        if e.expr is not None and pattern.search(ast.unparse(e.expr)):
+            return True  # `self.total.backward()`: summed on purpose, backward()ed here
     backed = _backward_names(events)
-    pattern = re.compile(r"\b" + re.escape(acc) + r"\b")
     for stmt in fi.own_statements():
         if isinstance(stmt, ast.Assign | ast.AugAssign | ast.AnnAssign) and stmt.value is not None:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
