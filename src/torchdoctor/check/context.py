@@ -212,21 +212,31 @@ def spans_a_line(stmt: ast.stmt, lines: list[int]) -> bool:
     return at < len(lines) and lines[at] <= (stmt.end_lineno or stmt.lineno)
 
 
-def walk_lines(node: ast.AST, lines: list[int]) -> Iterator[ast.AST]:
+def walk_lines(node: ast.AST, lines: list[int]) -> list[ast.AST]:
     """The nodes of `node`'s statements that span one of `lines` (ascending): a compound
     statement's own parts when it spans one, and of its bodies only such statements; the
-    rest of the tree is never visited."""
-    for _, value in ast.iter_fields(node):
-        if value.__class__ is list and value and isinstance(value[0], ast.stmt):
-            for stmt in value:
-                if spans_a_line(stmt, lines):
-                    yield stmt
-                    yield from walk_lines(stmt, lines)
-        elif isinstance(node, ast.stmt):
-            parts = value if value.__class__ is list else [value]
-            for part in parts:
-                if isinstance(part, ast.AST):
-                    yield from walk(part)
+    rest of the tree is never visited. (A loop, not nested generators: a generator per
+    level costs more than the nodes it saves.)"""
+    found: list[ast.AST] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        is_statement = isinstance(current, ast.stmt)
+        for name in current._fields:
+            value = getattr(current, name, None)
+            if value.__class__ is list:
+                if value and isinstance(value[0], ast.stmt):
+                    for stmt in value:
+                        if spans_a_line(stmt, lines):
+                            found.append(stmt)
+                            todo.append(stmt)
+                elif is_statement:
+                    for part in value:
+                        if isinstance(part, ast.AST):
+                            found.extend(walk(part))
+            elif is_statement and isinstance(value, ast.AST):
+                found.extend(walk(value))
+    return found
 
 
 @functools.cache
@@ -355,9 +365,18 @@ class FileContext:
 
     def lines_holding(self, needles: Iterable[str]) -> list[int]:
         """The lines holding a needle, ascending, each once."""
-        found = {
-            self.line_of_offset(at) for needle in needles for at in offsets(self.source, needle)
-        }
+        source, starts = self.source, self._starts()
+        find, line_of = source.find, bisect.bisect_right
+        found: set[int] = set()
+        for needle in needles:
+            if not needle:
+                continue
+            at = find(needle)
+            while at >= 0:
+                line = line_of(starts, at)
+                found.add(line)
+                # the next hit that counts is on a later line
+                at = find(needle, starts[line]) if line < len(starts) else -1
         return sorted(found)
 
     # -- ancestry ---------------------------------------------------------

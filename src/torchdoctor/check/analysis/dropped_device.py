@@ -29,7 +29,7 @@ def cuda_default_classes(path: str, source: str) -> dict[str, CudaDefault]:
     """Classes of `source` whose `__init__` has a device parameter defaulting to a CUDA
     literal that its body uses."""
     found: dict[str, CudaDefault] = {}
-    if not _CUDA_DEFAULT.search(source):
+    if not _in_an_init_signature(source):
         return found
     try:
         tree = ast.parse(source)
@@ -57,6 +57,21 @@ def cuda_default_classes(path: str, source: str) -> dict[str, CudaDefault]:
             found[cls.name] = (arg.arg, position, str(default.value), path, default.lineno)
             break
     return found
+
+
+def _in_an_init_signature(source: str) -> bool:
+    """A CUDA device default between `def __init__(` and the signature's end (`):` or
+    `) ->`): the only files worth parsing (many more give a function such a default)."""
+    at = source.find("def __init__(")
+    while at >= 0:
+        end = min(
+            (e for e in (source.find("):", at), source.find(") ->", at)) if e >= 0),
+            default=len(source),
+        )
+        if _CUDA_DEFAULT.search(source, at, end):
+            return True
+        at = source.find("def __init__(", end)
+    return False
 
 
 def _is_cuda(node: ast.expr) -> bool:

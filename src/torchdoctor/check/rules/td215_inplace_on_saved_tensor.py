@@ -132,21 +132,23 @@ class InplaceOnSavedTensor(Rule):
                 continue
             if not _INPLACE_TEXT.search(self.ctx.segment(cls)):
                 continue  # cheap first: no in-place write in the class's text
-            fl = fl or analysis(self.ctx)
             # The class and its bases, also those of other files of the project: an
             # inherited `self.V(x)` runs the base's method, which may call this class's.
             layers: dict[str, str] = {}
             methods: list[tuple[FileContext, ast.FunctionDef, bool]] = []
             seen: set[str] = set()
-            chain = project_mro(fl, cls) if self._readable_base(cls) else [(fl, cls)]
-            for owner, node in chain:
-                for attr, kind in self._layers(owner.ctx, node).items():
+            chain: list[tuple[FileContext, ast.ClassDef]] = [(self.ctx, cls)]
+            if self._readable_base(cls):  # the file's loop analysis only where it is used
+                fl = fl or analysis(self.ctx)
+                chain = [(owner.ctx, node) for owner, node in project_mro(fl, cls)]
+            for ctx, node in chain:
+                for attr, kind in self._layers(ctx, node).items():
                     layers.setdefault(attr, kind)
                 for m in node.body:
                     if isinstance(m, ast.FunctionDef) and m.name not in seen:
                         seen.add(m.name)
-                        if m.name != "__init__" and not is_no_grad_decorated(owner.ctx, m):
-                            methods.append((owner.ctx, m, node is cls))
+                        if m.name != "__init__" and not is_no_grad_decorated(ctx, m):
+                            methods.append((ctx, m, node is cls))
             # Summaries first: which methods return a value that needs grad
             # (`self.encode(x)` is then followed like a layer's output).
             returns_grad: set[str] = set()

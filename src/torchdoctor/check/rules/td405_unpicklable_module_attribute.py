@@ -2,17 +2,27 @@ from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 from torchdoctor.check.analysis.module_pickles import module_pickles, reaches
 from torchdoctor.check.analysis.scope_index import calls_on_lines
-from torchdoctor.check.context import walk
+from torchdoctor.check.context import child_statements
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder, Unpicklable
 
 # Methods by which a class controls how pickle stores its objects.
 _PICKLE_HOOKS = frozenset({"__getstate__", "__setstate__", "__reduce__", "__reduce_ex__"})
+
+
+def _statements(node: ast.Module | ast.FunctionDef) -> Iterator[ast.stmt]:
+    """Every statement under `node`, nested functions' and classes' too (what a walk of
+    the tree finds of classes and assignments, without visiting any expression)."""
+    todo = list(node.body)
+    while todo:
+        stmt = todo.pop()
+        yield stmt
+        todo.extend(child_statements(stmt))
 
 
 class UnpicklableModuleAttribute(Rule):
@@ -83,7 +93,7 @@ class UnpicklableModuleAttribute(Rule):
         elsewhere = self._project_pickles() if saved is None else {}
         if saved is None and not families and not elsewhere:
             return
-        for cls in walk(self.ctx.tree):
+        for cls in _statements(self.ctx.tree):
             if not isinstance(cls, ast.ClassDef):
                 continue
             if saved is not None and self.ctx.is_module_class(cls):
@@ -105,7 +115,7 @@ class UnpicklableModuleAttribute(Rule):
                     continue
                 finder = Finder(self.ctx, method)
                 params = {a.arg for a in (*method.args.args, *method.args.kwonlyargs)}
-                for node in walk(method):
+                for node in _statements(method):
                     if not isinstance(node, ast.Assign):
                         continue
                     attrs = [_self_attribute(t) for t in node.targets]
