@@ -59,6 +59,17 @@ _MOVES_INPUT = re.compile(r"\b(\w+)\s*=\s*\1\s*\.\s*(?:to|cuda)\(|\.to\(\s*self\
 _DEVICE_WORDS = (".to(", ".cuda(", "device")
 
 
+def _class_bodies(source: str) -> Iterator[tuple[re.Match[str], str]]:
+    """Each class header of `source` (line ends made `\n`) with its body's text."""
+    for match in CLASS_HEADER.finditer(source):
+        body_end = _body_end(_indent(match.group(0))).search(source, match.end())
+        yield match, source[match.end() : body_end.start() if body_end else len(source)]
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
 def moving_classes(source: str) -> set[str]:
     """Classes that put data on the device themselves.
 
@@ -69,10 +80,7 @@ def moving_classes(source: str) -> set[str]:
     if not any(w in source for w in _DEVICE_WORDS) or "class" not in source:
         return found
     source = as_lf(source)
-    for match in CLASS_HEADER.finditer(source):
-        indent = len(match.group(0)) - len(match.group(0).lstrip(" \t"))
-        body_end = _body_end(indent).search(source, match.end())
-        body = source[match.end() : body_end.start() if body_end else len(source)]
+    for match, body in _class_bodies(source):
         if "Dataset" in match.group(2):
             if any(w in body for w in _DEVICE_WORDS):
                 found.add(match.group(1))
@@ -92,10 +100,6 @@ _INIT = re.compile(r"^([ \t]*)def[ \t]+__init__[ \t]*\(", re.MULTILINE)
 _GPU_TEST = re.compile(r"[ \t]*if[ \t]+(?:torch\.)?cuda\.is_available\(\)[ \t]*:")
 
 
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip(" \t"))
-
-
 def self_moving_classes(source: str) -> dict[str, bool]:
     """Classes whose `__init__` moves the object itself to the GPU (`self.cuda()`),
     name -> whether on some paths only. A move under `if torch.cuda.is_available():`
@@ -107,9 +111,7 @@ def self_moving_classes(source: str) -> dict[str, bool]:
     if "self.cuda(" not in source and "self.to(" not in source:
         return found
     source = as_lf(source)
-    for match in CLASS_HEADER.finditer(source):
-        body_end = _body_end(_indent(match.group(0))).search(source, match.end())
-        body = source[match.end() : body_end.start() if body_end else len(source)]
+    for match, body in _class_bodies(source):
         init = _INIT.search(body)
         if init is None or ("self.cuda(" not in body and "self.to(" not in body):
             continue
@@ -137,10 +139,7 @@ def parameter_classes(source: str) -> set[str]:
     if "Parameter(" not in source or "class" not in source:
         return found
     source = as_lf(source)
-    for match in CLASS_HEADER.finditer(source):
-        indent = len(match.group(0)) - len(match.group(0).lstrip(" \t"))
-        body_end = _body_end(indent).search(source, match.end())
-        body = source[match.end() : body_end.start() if body_end else len(source)]
+    for match, body in _class_bodies(source):
         if "Parameter(" in body:
             found.add(match.group(1))
     return found
