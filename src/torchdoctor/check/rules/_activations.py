@@ -13,6 +13,7 @@ understood ends the walk with None.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.class_calls import argument_for, method_of, self_call_sites
@@ -166,16 +167,15 @@ def _name(
     if isinstance(target, ast.Name):
         found = activation(fl, fi, value, depth + 1, walk_)
     elif isinstance(target, ast.Tuple | ast.List):
-        index = next(
-            (i for i, t in enumerate(target.elts) if isinstance(t, ast.Name) and t.id == expr.id),
-            None,
+        found = _unpacked(
+            fl,
+            fi,
+            target,
+            value,
+            lambda t: isinstance(t, ast.Name) and t.id == expr.id,
+            depth,
+            walk_,
         )
-        if index is None or any(isinstance(t, ast.Starred) for t in target.elts):
-            return None
-        if isinstance(value, ast.Tuple | ast.List) and len(value.elts) == len(target.elts):
-            found = activation(fl, fi, value.elts[index], depth + 1, walk_)
-        elif isinstance(value, ast.Call):
-            found = _item_of_call(fl, fi, value, index, depth, walk_)
     if found is None:
         return None
     return found[0], f"`{expr.id}` = {found[1]}"
@@ -210,14 +210,7 @@ def _item(
     if is_item(target, name, key):
         found = activation(fl, fi, value, depth + 1, walk_)
     elif isinstance(target, ast.Tuple | ast.List):
-        elts = target.elts
-        index = next((i for i, t in enumerate(elts) if is_item(t, name, key)), None)
-        if index is None or any(isinstance(t, ast.Starred) for t in elts):
-            return None
-        if isinstance(value, ast.Tuple | ast.List) and len(value.elts) == len(elts):
-            found = activation(fl, fi, value.elts[index], depth + 1, walk_)
-        elif isinstance(value, ast.Call):
-            found = _item_of_call(fl, fi, value, index, depth, walk_)
+        found = _unpacked(fl, fi, target, value, lambda t: is_item(t, name, key), depth, walk_)
     elif isinstance(target, ast.Name) and isinstance(value, ast.Dict):
         if None in value.keys:
             return None  # `{**other, ...}`
@@ -228,6 +221,28 @@ def _item(
     if found is None:
         return None
     return found[0], f"`{name}[{key!r}]` = {found[1]}"
+
+
+def _unpacked(
+    fl: FileLoops,
+    fi: FunctionInfo,
+    target: ast.Tuple | ast.List,
+    value: ast.expr,
+    picks: Callable[[ast.expr], bool],
+    depth: int,
+    walk_: _Walk,
+) -> tuple[str, str] | None:
+    """What `a, b = value` puts in the one target `picks` (a tuple display's item, or
+    the item of what a call of the file's function returns); None with a starred one."""
+    elts = target.elts
+    index = next((i for i, t in enumerate(elts) if picks(t)), None)
+    if index is None or any(isinstance(t, ast.Starred) for t in elts):
+        return None
+    if isinstance(value, ast.Tuple | ast.List) and len(value.elts) == len(elts):
+        return activation(fl, fi, value.elts[index], depth + 1, walk_)
+    if isinstance(value, ast.Call):
+        return _item_of_call(fl, fi, value, index, depth, walk_)
+    return None
 
 
 def _item_of_call(
