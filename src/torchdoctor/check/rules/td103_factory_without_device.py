@@ -4,7 +4,9 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.class_calls import inherited_calls
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
+from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import own_code
 from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
@@ -86,30 +88,23 @@ class FactoryWithoutDevice(Rule):
         devices = moves or any(w in self.ctx.source for w in ("cuda", "device", "accelerat"))
         for func in ff.functions():
             cls = ff.class_of(func)
-            if cls is None or not ff.is_module_class(cls):
+            forward = None if cls is None else self._forward_reaching(ff, cls, func)
+            if forward is None:
                 if not moves:
                     continue
-                # a loss, metric or plotting helper: its factory meets tensors its
-                # callers proved to be on the device
+                # a loss, metric or plotting helper (or a module's method forward does not
+                # run): its factory meets tensors its callers proved to be on the device
                 # (only where a device value can come from: its own code, or callers here)
                 if ff.mentions(func, *_FACTORY_CALLS) and (
                     ff.mentions(func, *ff.FACT_WORDS) or ff.called_in_file(func)
                 ):
                     self._check(func, None, ff.scope(func))
                 continue
-            forward = ff.inherited_methods(cls).get("forward")  # maybe a base class's
-            if forward is None:
-                continue
+            assert cls is not None
             if not devices and _runs_here(ff, cls):
                 continue  # a CPU-only script running its own model: it never meets a GPU
-            if func not in ff.reached_methods(cls, forward):
-                continue
             if not ff.mentions(func, *FACTORIES, *LEGACY_CONSTRUCTORS):
-                makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
-                    f"self.{m.name}("
-                    for m in ff.methods(cls).values()
-                    if m is not func and ff.may_return_factory(m)
-                ]
+                makers = self._makers(ff, cls, func)
                 if not (makers and ff.mentions(func, *makers)):
                     continue
             self._check(func, forward, ff.scope(func, callers=False))
@@ -145,6 +140,36 @@ class FactoryWithoutDevice(Rule):
                 continue
             reported.add(source)
             self.report(source, self._message(func, forward, m, qual, factory))
+
+    def _forward_reaching(
+        self, ff: FileFlow, cls: ast.ClassDef, func: AnyFunction
+    ) -> AnyFunction | None:
+        """The method through which the module's `forward` runs `func`: `forward` itself
+        (the class's, or a base's of this file), or the method of this file a base
+        `forward` of another file calls (`self.transform(x)`). None: not a module, or
+        `forward` does not run `func`."""
+        if not ff.is_module_class(cls):
+            return None
+        forward = ff.inherited_methods(cls).get("forward")  # maybe a base class's
+        if forward is not None:
+            return forward if func in ff.reached_methods(cls, forward) else None
+        if not ff.mentions(func, *_FACTORY_CALLS, *self._makers(ff, cls, func)):
+            return None  # no factory here: nothing to report, the base is not read
+        called = inherited_calls(analysis(self.ctx), cls, "forward") or frozenset()
+        methods = ff.inherited_methods(cls)
+        for name in sorted(called):
+            start = methods.get(name)
+            if start is not None and func in ff.reached_methods(cls, start):
+                return start
+        return None
+
+    def _makers(self, ff: FileFlow, cls: ast.ClassDef, func: AnyFunction) -> list[str]:
+        """`self.m(` of the methods that return a tensor they make (`self.init_hidden(n)`)."""
+        return [
+            f"self.{m.name}("
+            for m in ff.methods(cls).values()
+            if m is not func and ff.may_return_factory(m)
+        ]
 
     def _moves_inputs(self, scope: ScopeFlow, m: Mismatch) -> bool:
         """A call of a module whose class moves what it receives (`x = x.to(device)`)."""
