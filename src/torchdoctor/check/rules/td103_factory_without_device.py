@@ -16,6 +16,9 @@ from torchdoctor.check.rule import Rule, Severity
 # `torch.zeros(`, `th.FloatTensor(`: how a factory call reads, whatever torch is imported as
 _FACTORY_CALLS = tuple(f".{name}(" for name in sorted(FACTORIES | LEGACY_CONSTRUCTORS))
 
+# code of a function that puts a tensor on the device itself
+_OWN_PROOF = (".to(", ".cuda(", "device=")
+
 _LIKE_FORM = {
     "zeros": "new_zeros",
     "ones": "new_ones",
@@ -90,14 +93,23 @@ class FactoryWithoutDevice(Rule):
             cls = ff.class_of(func)
             forward = None if cls is None else self._forward_reaching(ff, cls, func)
             if forward is None:
-                if not moves:
+                if not moves or not ff.mentions(func, *_FACTORY_CALLS):
                     continue
-                # a loss, metric or plotting helper (or a module's method forward does not
-                # run): its factory meets tensors its callers proved to be on the device
+                if cls is not None and ff.is_module_class(cls):
+                    # a module whose `forward` is not seen to run this method (a base of
+                    # another file calls it through attributes holding functions): its
+                    # factory meets a tensor its own code puts on the device
+                    # (`device=self.device`); where the class's own `forward` is in
+                    # view, what it does not run is left alone
+                    if "forward" not in ff.inherited_methods(cls) and ff.mentions(
+                        func, *_OWN_PROOF
+                    ):
+                        self._check(func, None, ff.scope(func, callers=False))
+                    continue
+                # a loss, metric or plotting helper: its factory meets tensors its
+                # callers proved to be on the device
                 # (only where a device value can come from: its own code, or callers here)
-                if ff.mentions(func, *_FACTORY_CALLS) and (
-                    ff.mentions(func, *ff.FACT_WORDS) or ff.called_in_file(func)
-                ):
+                if ff.mentions(func, *ff.FACT_WORDS) or ff.called_in_file(func):
                     self._check(func, None, ff.scope(func))
                 continue
             assert cls is not None
