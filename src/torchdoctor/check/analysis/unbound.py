@@ -15,6 +15,7 @@ the branch (`ScopeCore._first`, `_last`); this module says which keys can be unb
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 
 from torchdoctor.check.analysis.values import ScopeNode
@@ -32,28 +33,39 @@ def unbindable(
     qualname: Callable[[ast.expr], str | None],
     source: str,
 ) -> Callable[[str], bool]:
-    """A test of whether a key can be unbound in `node` before the scope binds it."""
-    declared: set[str] = set()
-    tree_nodes = node.body if isinstance(node, ast.Module) else [node]
-    for top in tree_nodes:
-        for sub in ast.walk(top):
-            if isinstance(sub, ast.Global | ast.Nonlocal):
-                declared.update(sub.names)
+    """A test of whether a key can be unbound in `node` before the scope binds it (its
+    facts found on first need: most joins ask about no key at all)."""
+    declared: set[str] | None = None
+    attrs: list[frozenset[str] | None] = []
+
+    def is_declared(key: str) -> bool:
+        nonlocal declared
+        if declared is None:
+            declared = set()
+            if "global" in source or "nonlocal" in source:
+                tops = node.body if isinstance(node, ast.Module) else [node]
+                for top in tops:
+                    for sub in ast.walk(top):
+                        if isinstance(sub, ast.Global | ast.Nonlocal):
+                            declared.update(sub.names)
+        return key in declared
+
     if isinstance(node, ast.Module):
-        star = "import *" in source
-        module_globals = " global " in source or "\tglobal " in source or "\nglobal " in source
+        if "import *" in source or re.search(r"^\s*global\s", source, re.M):
+            return lambda key: False  # a star import, or functions that set globals
 
-        def module_key(key: str) -> bool:
-            return "." not in key and not star and not module_globals and key not in declared
-
-        return module_key
-    init_attrs = _init_attributes(node, cls, self_name, qualname) if self_name else None
+        return lambda key: "." not in key and not is_declared(key)
 
     def function_key(key: str) -> bool:
         if "." not in key:
-            return key not in declared
+            return not is_declared(key)
         head, _, attr = key.partition(".")
-        return init_attrs is not None and head == self_name and attr in init_attrs
+        if head != self_name or "." in attr:
+            return False
+        if not attrs:
+            attrs.append(_init_attributes(node, cls, self_name, qualname))
+        found = attrs[0]
+        return found is not None and attr in found
 
     return function_key
 

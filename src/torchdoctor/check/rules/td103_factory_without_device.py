@@ -201,8 +201,10 @@ class FactoryWithoutDevice(Rule):
         forward = ff.inherited_methods(cls).get("forward")  # maybe a base class's
         if forward is not None:
             return forward if func in ff.reached_methods(cls, forward) else None
-        if not ff.mentions(func, *_FACTORY_CALLS, *self._makers(ff, cls, func)):
-            return None  # no factory here: nothing to report, the base is not read
+        if not ff.mentions(
+            func, *_FACTORY_CALLS, *self._makers(ff, cls, func)
+        ) or not self._may_make_on_cpu(func):
+            return None  # no factory the CPU gets here: nothing to report, no base read
         called = inherited_calls(analysis(self.ctx), cls, "forward") or frozenset()
         methods = ff.inherited_methods(cls)
         for name in sorted(called):
