@@ -36,7 +36,9 @@ Helpers only `__init__` runs (`FileIndex.init_helpers`: `self._init_state()`) ar
 construction: a call of one is followed with the arguments and `self` as they are there
 (`call_facts(..., attributes)`, its `CallFacts.writes`), so `__init__`'s exit state, and
 the `self.x` seeds of the other methods, hold what they make. A staticmethod called as
-`self.m(...)` only (never through the class name) is seeded from those calls.
+`self.m(...)` only (never through the class name) is seeded from those calls; a call of a
+staticmethod through its class name (`Locator._score(a=x, b=y)`) is followed like a
+function's, with what it passes.
 
 Values (`values.py`): a `Value` says what an expression holds: its `Kind` (module,
 tensor, batch from a loader, loader, parameters, device, container, ...), its `Place`
@@ -55,6 +57,9 @@ interpreters see the per-file objects above them only through protocols):
 - `default_path`  the path where a caller leaves out a None-default parameter: the CPU
                   values `if h is None: h = torch.zeros(n)` makes stay facts at the join
                   (`Value.default_of`), the given branch being unknown
+- `unbound`       keys a scope has not bound before an `if` (a function's local names, a
+                  plain `__init__`'s `self.x`): one branch that never binds one leaves it
+                  unset, where a use raises, so the join keeps the other branch's value
 - `dropped_device` classes whose `__init__` device defaults to CUDA (a project fact), and
                   calls that build one without the device their function was given (TD101)
 - `torch_api`     vocabularies of torch's API: factories, device-preserving methods, layers
