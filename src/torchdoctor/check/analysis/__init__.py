@@ -104,6 +104,8 @@ interpreters see the per-file objects above them only through protocols):
                   (`ProjectIndex.class_files`, loaded on demand; TD206)
 - `graph_flow`    functions that give back a differentiable transform of a parameter
                   (`return attn.max(dim=1)[0].mean()`): their result has its graph (TD206)
+- `pass_guards`   tests that hold on one pass of a loop only (`if i == 0:` on its counter,
+                  or on `self.batch_index`, a copy the loop makes for the methods it calls)
 - `inline_events` a function's events with the events of the file's functions it calls in
                   place of each call (`Event.site`): a training loop split across methods
 """
