@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     pass
 
 
+# `target = value` at the start of a line (not `==`, not `+=`): target and value
+_LINE_ASSIGNMENT = re.compile(r"(?m)^[ \t]*([^\s=]+)[ \t]*=(?!=)[ \t]*(.*)$")
+
+
 class FileLoops(LoopIndex):
     """The shared, lazily computed training-loop facts of one file."""
 
@@ -42,6 +46,7 @@ class FileLoops(LoopIndex):
         self._backward_params: dict[int, frozenset[str]] = {}
         self._held: dict[int, dict[str, Origin]] = {}
         self._overrides: dict[tuple[str, str], FunctionInfo | None] = {}
+        self._assigned: dict[str, list[str]] | None = None
 
     def release(self) -> None:
         """Break the cycles (each function refers to this file, callers to callees,
@@ -141,13 +146,21 @@ class FileLoops(LoopIndex):
                     verdict = None
         return verdict
 
+    def _line_assignments(self) -> dict[str, list[str]]:
+        """`target` -> the text after `=` of each line `target = ...` (a text index, one
+        pass for every key asked about)."""
+        if self._assigned is None:
+            self._assigned = {}
+            for m in _LINE_ASSIGNMENT.finditer(as_lf(self.ctx.source)):
+                self._assigned.setdefault(m.group(1), []).append(m.group(2))
+        return self._assigned
+
     def key_mode_sensitive(self, key: str) -> bool | None:
         """Same question for a variable, from every `key = Class(...)` in the file."""
-        assignment = re.compile(r"(?m)^[ \t]*" + re.escape(key) + r"[ \t]*=(?!=)[ \t]*(.*)$")
         classes = set()
         plain_layers = False
-        for m in assignment.finditer(as_lf(self.ctx.source)):
-            call = re.match(r"([\w.]+)\(", m.group(1))
+        for value in self._line_assignments().get(key, ()):
+            call = re.match(r"([\w.]+)\(", value)
             if call is None:
                 return None  # assigned from something we cannot follow
             name = last_part(call.group(1))
@@ -163,7 +176,7 @@ class FileLoops(LoopIndex):
                 "ModuleList",
                 "ModuleDict",
             ):
-                if _MODE_SENSITIVE.search(m.group(1)):
+                if _MODE_SENSITIVE.search(value):
                     return True  # nn.Dropout(...), nn.LSTM(..., dropout=0.5)
                 plain_layers = True
                 continue  # nn.Linear, nn.Conv2d, nn.LSTM: the same in both modes

@@ -6,7 +6,7 @@ import ast
 import dataclasses
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.default_path import none_defaults, rebound_before, when_omitted
+from torchdoctor.check.analysis.default_path import first_bindings, none_defaults, when_omitted
 from torchdoctor.check.analysis.interfaces import FileFacts
 from torchdoctor.check.analysis.syntax import (
     _decorated_no_grad,
@@ -55,6 +55,7 @@ class ScopeCore:
         self.seeds = seeds
         self._values: dict[ast.AST, Value] = {}
         self._none_defaults: frozenset[str] | None = None
+        self._rebound: dict[str, int] | None = None  # first binding of each of those
         self._mismatches: dict[tuple[int, int], Mismatch] = {}
         self.moves: list[Move] = []
         self.conversions: list[Conversion] = []  # tensors NumPy converts implicitly
@@ -112,8 +113,12 @@ class ScopeCore:
         if not self._none_defaults:
             return None
         found = when_omitted(test, self._none_defaults)
-        if found is None or rebound_before(self.node, found[0], test.lineno):
+        if found is None:
             return None
+        if self._rebound is None:
+            self._rebound = first_bindings(self.node, self._none_defaults)
+        if self._rebound.get(found[0], test.lineno) < test.lineno:
+            return None  # rebound before the test: no longer the caller's
         return found
 
     # -- queries -------------------------------------------------------------------------

@@ -1,18 +1,23 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.analysis.syntax import own_code
 from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch, Place
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
 
 # `torch.zeros(`, `th.FloatTensor(`: how a factory call reads, whatever torch is imported as
 _FACTORY_CALLS = tuple(f".{name}(" for name in sorted(FACTORIES | LEGACY_CONSTRUCTORS))
+
+_FACTORY_NAMES_CALLED = tuple(f"{name}(" for name in sorted(FACTORIES | LEGACY_CONSTRUCTORS))
 
 _LIKE_FORM = {
     "zeros": "new_zeros",
@@ -78,6 +83,10 @@ class FactoryWithoutDevice(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("forward", ".to(", ".cuda(", "device")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._cpu_lines: list[int] | None = None  # lines of factory calls the CPU gets
+
     def finish(self) -> None:
         ff = file_flow(self.ctx)
         # a value proven on the device comes from a move or a `device=` in this file
@@ -92,8 +101,10 @@ class FactoryWithoutDevice(Rule):
                 # a loss, metric or plotting helper: its factory meets tensors its
                 # callers proved to be on the device
                 # (only where a device value can come from: its own code, or callers here)
-                if ff.mentions(func, *_FACTORY_CALLS) and (
-                    ff.mentions(func, *ff.FACT_WORDS) or ff.called_in_file(func)
+                if (
+                    ff.mentions(func, *_FACTORY_CALLS)
+                    and (ff.mentions(func, *ff.FACT_WORDS) or ff.called_in_file(func))
+                    and self._may_make_on_cpu(func)
                 ):
                     self._check(func, None, ff.scope(func))
                 continue
@@ -112,7 +123,31 @@ class FactoryWithoutDevice(Rule):
                 ]
                 if not (makers and ff.mentions(func, *makers)):
                     continue
-            self._check(func, forward, ff.scope(func, callers=False))
+            if self._may_make_on_cpu(func):
+                self._check(func, forward, ff.scope(func, callers=False))
+
+    def _may_make_on_cpu(self, func: AnyFunction) -> bool:
+        """Whether `func`, or a method of its class that can hand it a value, calls a
+        factory the CPU gets: the only sources this rule reports. Most functions that
+        name a factory give every call a `device=`; they are not analysed at all."""
+        return any(self._cpu_factories(f) for f in (func, *self._helpers(func)))
+
+    def _cpu_factories(self, func: AnyFunction) -> bool:
+        if self._cpu_lines is None:  # found once per file, on the lines that name a factory
+            lines = self.ctx.lines_holding(_FACTORY_NAMES_CALLED)
+            calls = calls_on_lines(self.ctx, lines)
+            self._cpu_lines = sorted({c.lineno for _, c in calls if self._cpu_factory(c)})
+        at = bisect.bisect_left(self._cpu_lines, func.lineno)
+        return at < len(self._cpu_lines) and self._cpu_lines[at] <= (func.end_lineno or 0)
+
+    def _cpu_factory(self, call: ast.Call) -> bool:
+        """A torch factory call made on the CPU whatever the values: no `device=`, or
+        a literal CPU device (`device="cpu"`)."""
+        qual = self.ctx.call_name(call) or ""
+        factory = qual.rsplit(".", 1)[-1]
+        if not qual.startswith("torch.") or factory not in FACTORIES | LEGACY_CONSTRUCTORS:
+            return False
+        return all(k.arg not in ("device", None) or _literal_cpu(k.value) for k in call.keywords)
 
     def _check(self, func: AnyFunction, forward: AnyFunction | None, scope: ScopeFlow) -> None:
         reported: set[ast.AST] = set()
@@ -141,8 +176,8 @@ class FactoryWithoutDevice(Rule):
             qual = self.ctx.call_name(source) or ""
             factory = qual.rsplit(".", 1)[-1]
             legacy = factory in LEGACY_CONSTRUCTORS and qual.count(".") == 1
-            if not qual.startswith("torch.") or not (factory in FACTORIES or legacy):
-                continue
+            if not (factory in FACTORIES or legacy) or not self._cpu_factory(source):
+                continue  # a `device=` the caller chose: it is not this rule's claim
             reported.add(source)
             self.report(source, self._message(func, forward, m, qual, factory))
 
@@ -208,8 +243,13 @@ class FactoryWithoutDevice(Rule):
             )
         if m.cpu.default_of:  # `if h is None: h = torch.zeros(n)`
             path += f", when the caller leaves out `{m.cpu.default_of}`"
+        made = "has no `device=`: it is made on the CPU"
+        if isinstance(m.cpu.source, ast.Call) and any(
+            k.arg == "device" for k in m.cpu.source.keywords
+        ):
+            made = "is made on the CPU by its `device=`"
         return (
-            f"`{qual}(...)` has no `device=`: it is made on the CPU and {meets} (line "
+            f"`{qual}(...)` {made} and {meets} (line "
             f"{m.site.lineno}{path}), which fails once the model is on a GPU; pass "  # type: ignore[attr-defined]
             f"`device={device}`{alternative}"
         )
@@ -259,6 +299,13 @@ def _inside(node: ast.AST, func: ast.AST | None) -> bool:
     line = getattr(node, "lineno", 0)
     start, end = getattr(func, "lineno", 0), getattr(func, "end_lineno", None)
     return bool(start) and start <= line <= (end or start)
+
+
+def _literal_cpu(value: ast.expr) -> bool:
+    """`"cpu"` or `torch.device("cpu")` written out."""
+    if isinstance(value, ast.Call) and len(value.args) == 1 and not value.keywords:
+        value = value.args[0]  # `torch.device("cpu")`
+    return isinstance(value, ast.Constant) and str(value.value).startswith("cpu")
 
 
 def _first_input(func: AnyFunction) -> str:
