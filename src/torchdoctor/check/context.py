@@ -349,13 +349,19 @@ class FileContext:
         than the text, so they are searched first (for any other needle, its longest
         word: `.to(` cannot occur without `to`).
         """
-        piece, whole = _needle_plan(needle)
-        if piece is not None:
-            if self._word_text is None:
-                self._word_text = "\n".join(self.words)
-            if piece not in self._word_text:
-                return False
-        return not whole or needle in self.source
+        if not self._may_hold(needle):
+            return False
+        return not _needle_plan(needle)[1] or needle in self.source
+
+    def _may_hold(self, needle: str) -> bool:
+        """False when the needle's longest word is no part of any word of the text
+        (searching the distinct words is cheaper than searching the text)."""
+        piece, _ = _needle_plan(needle)
+        if piece is None:
+            return True
+        if self._word_text is None:
+            self._word_text = "\n".join(self.words)
+        return piece in self._word_text
 
     def call_needles(self, names: frozenset[str]) -> tuple[str, ...]:
         """What the text of a call `call_name_in(call, names)` accepts always holds: the
@@ -369,7 +375,7 @@ class FileContext:
         find, line_of = source.find, bisect.bisect_right
         found: set[int] = set()
         for needle in needles:
-            if not needle:
+            if not needle or not self._may_hold(needle):
                 continue
             at = find(needle)
             while at >= 0:

@@ -89,6 +89,9 @@ interpreters see the per-file objects above them only through protocols):
                   vocabulary, no_grad/autocast contexts, events and their order; a call of
                   the file's function that runs backward() on a parameter is a backward
                   event of its argument (`Event.via`: a loop split across two functions)
+- `overrides`     `self.m()` of an abstract method (`raise NotImplementedError`): the one
+                  subclass definition of `m` in the project (`ProjectIndex.bases`,
+                  `class_files`; `FileLoops.sole_override`, asked in evaluation code)
 - `mode_state` < `mode_core` < `modes`   the train/eval mode interpreter and summaries
                   (what a callee leaves each model in, its evaluation runs, its training
                   steps, and its plain runs of a model it is given, which belong to the
@@ -109,6 +112,8 @@ interpreters see the per-file objects above them only through protocols):
                   (`ProjectIndex.class_files`, loaded on demand; TD206)
 - `graph_flow`    functions that give back a differentiable transform of a parameter
                   (`return attn.max(dim=1)[0].mean()`): their result has its graph (TD206)
+- `pass_guards`   tests that hold on one pass of a loop only (`if i == 0:` on its counter,
+                  or on `self.batch_index`, a copy the loop makes for the methods it calls)
 - `inline_events` a function's events with the events of the file's functions it calls in
                   place of each call (`Event.site`): a training loop split across methods
 """

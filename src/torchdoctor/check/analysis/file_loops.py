@@ -18,6 +18,7 @@ from torchdoctor.check.analysis.loop_index import LoopIndex
 from torchdoctor.check.analysis.mode_class import held_models
 from torchdoctor.check.analysis.mode_state import ModeResult, Origin, Summary
 from torchdoctor.check.analysis.modes import ModeInterpreter
+from torchdoctor.check.analysis.overrides import sole_override
 from torchdoctor.check.analysis.syntax import last_part
 from torchdoctor.check.context import (
     FileContext,
@@ -44,6 +45,7 @@ class FileLoops(LoopIndex):
         self._summaries: dict[int, Summary | None] = {}
         self._backward_params: dict[int, frozenset[str]] = {}
         self._held: dict[int, dict[str, Origin]] = {}
+        self._overrides: dict[tuple[str, str], FunctionInfo | None] = {}
         self._assigned: dict[str, list[str]] | None = None
 
     def release(self) -> None:
@@ -298,6 +300,16 @@ class FileLoops(LoopIndex):
         result = self.modes(fi).summary()
         self._summaries[key] = result
         return result
+
+    def sole_override(self, fi: FunctionInfo) -> FunctionInfo | None:
+        """For an abstract method `fi`, the one subclass definition of it in the project
+        (analysis/overrides.py), read from its file; None otherwise."""
+        here = os.path.abspath(self.ctx.path)
+
+        def load(path: str) -> FileLoops | None:
+            return self if os.path.abspath(path) == here else project_file(self.ctx, path)
+
+        return sole_override(fi, self.ctx.project, load, self._overrides)
 
 
 def file_of(fi: FunctionInfo) -> FileLoops:

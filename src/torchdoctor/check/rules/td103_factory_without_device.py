@@ -143,7 +143,7 @@ class FactoryWithoutDevice(Rule):
     def _cpu_factories(self, func: AnyFunction) -> bool:
         if self._cpu_lines is None:  # found once per file, on the lines that name a factory
             lines = self.ctx.lines_holding(_FACTORY_NAMES_CALLED)
-            calls = calls_on_lines(self.ctx, lines)
+            calls = calls_on_lines(self.ctx, lines, spanning=True)
             self._cpu_lines = sorted({c.lineno for _, c in calls if self._cpu_factory(c)})
         at = bisect.bisect_left(self._cpu_lines, func.lineno)
         return at < len(self._cpu_lines) and self._cpu_lines[at] <= (func.end_lineno or 0)
