@@ -349,15 +349,20 @@ class FileContext:
         than the text, so they are searched first (for any other needle, its longest
         word: `.to(` cannot occur without `to`).
         """
-        if not self._may_hold(needle):
+        piece, whole = _needle_plan(needle)
+        if piece is not None and not self._in_a_word(piece):
             return False
-        return not _needle_plan(needle)[1] or needle in self.source
+        return not whole or needle in self.source
 
     def _may_hold(self, needle: str) -> bool:
-        """False when the needle's longest word is no part of any word of the text
-        (searching the distinct words is cheaper than searching the text)."""
-        piece, _ = _needle_plan(needle)
-        if piece is None:
+        """False when the needle's longest word is no part of any word of the text."""
+        piece = _needle_plan(needle)[0]
+        return piece is None or self._in_a_word(piece)
+
+    def _in_a_word(self, piece: str) -> bool:
+        """Whether `piece` is part of a word of the text: a word itself (a set lookup),
+        else a search of the distinct words, far shorter than the text."""
+        if piece in self.words:
             return True
         if self._word_text is None:
             self._word_text = "\n".join(self.words)
