@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.names import LoopNode
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import binding_targets, dotted
 from torchdoctor.check.context import (
     walk,
 )
@@ -203,6 +203,15 @@ def modulo_test(test: ast.expr) -> ast.BinOp | None:
     return None
 
 
+def if_branches_within(event: Event, loop: ast.AST) -> list[Branch]:
+    """The `if` branches of `event`'s chain between `loop` and `event`."""
+    chain = [b.node for b in event.chain]
+    start = next((i for i, node in enumerate(chain) if node is loop), None)
+    if start is None:
+        return []
+    return [b for b in event.chain[start + 1 :] if isinstance(b.node, ast.If)]
+
+
 def invariant_guards(
     event: Event, other: Event, loop: ast.AST, extra: Sequence[ast.AST] = ()
 ) -> list[Branch]:
@@ -211,13 +220,8 @@ def invariant_guards(
     on the passes where such a test goes the other way, `event` does not run. `extra`:
     the functions the loop's calls run in place (inlined events), which may assign too."""
     found: list[Branch] = []
-    inside = False
-    for b in event.chain:
-        if b.node is loop:
-            inside = True
-            continue
-        if not inside or not isinstance(b.node, ast.If):
-            continue
+    for b in if_branches_within(event, loop):
+        assert isinstance(b.node, ast.If)
         if any(
             o.label == b.label
             and isinstance(o.node, ast.If)
@@ -258,15 +262,7 @@ def loop_invariant(test: ast.expr, loop: ast.AST, extra: Sequence[ast.AST] = ())
 def _rebound(node: ast.AST) -> list[str]:
     """What a statement rebinds or changes in place: `self.i = 0` changes `self.i`, not
     `self` (unlike `bound_keys`, which counts every name inside a target)."""
-    targets: list[ast.expr] = []
-    if isinstance(node, ast.Assign):
-        targets = list(node.targets)
-    elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
-        targets = [node.target]
-    elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-        targets = [node.optional_vars]
-    elif isinstance(node, ast.NamedExpr):
-        targets = [node.target]
+    targets = binding_targets(node, walrus=True)
     keys: list[str] = []
     while targets:
         target = targets.pop()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Sequence
 
-from torchdoctor.check.analysis.events import Event
+from torchdoctor.check.analysis.events import Event, if_branches_within
 from torchdoctor.check.analysis.path_guards import TRUTHY, conds_of
 from torchdoctor.check.analysis.syntax import bound_keys, dotted
 from torchdoctor.check.context import walk
@@ -26,13 +26,8 @@ def single_pass_guard(event: Event, loop: ast.AST, extra: Sequence[ast.AST] = ()
     counters = loop_counters(loop, event, extra)
     if not counters:
         return None
-    inside = False
-    for b in event.chain:
-        if b.node is loop:
-            inside = True
-            continue
-        if not inside or not isinstance(b.node, ast.If):
-            continue
+    for b in if_branches_within(event, loop):
+        assert isinstance(b.node, ast.If)
         in_loop = _within(b.node, loop)
         for cond in conds_of(b.node.test, b.label == "body"):
             if cond.subject not in counters:

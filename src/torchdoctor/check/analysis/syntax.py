@@ -182,21 +182,30 @@ def _local_names(func: AnyFunction) -> frozenset[str]:
     return frozenset(names - declared_global)
 
 
+def binding_targets(
+    node: ast.AST, *, walrus: bool = False, comprehensions: bool = False
+) -> list[ast.expr]:
+    """The targets a statement or `with` item binds to: assignment and loop targets, `as`
+    names; with `walrus`, `(x := ...)`; with `comprehensions`, `for x in` of one."""
+    if isinstance(node, ast.Assign):
+        return list(node.targets)
+    if isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
+        return [node.target]
+    if isinstance(node, ast.withitem) and node.optional_vars is not None:
+        return [node.optional_vars]
+    if walrus and isinstance(node, ast.NamedExpr):
+        return [node.target]
+    if comprehensions and isinstance(node, ast.comprehension):
+        return [node.target]
+    return []
+
+
 def bound_keys(node: ast.AST, *, comprehensions: bool = False) -> list[str]:
     """The dotted names (`x`, `self.h`) a statement or `with` item binds: assignment
     and loop targets, `as` names; with `comprehensions`, also walrus and comprehension
     targets. Every name inside a target counts (`a, b.c = ...` binds `a`, `b.c`, `b`)."""
-    targets: list[ast.AST] = []
-    if isinstance(node, ast.Assign):
-        targets = list(node.targets)
-    elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
-        targets = [node.target]
-    elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-        targets = [node.optional_vars]
-    elif comprehensions and isinstance(node, ast.NamedExpr | ast.comprehension):
-        targets = [node.target]
     keys = []
-    for target in targets:
+    for target in binding_targets(node, walrus=comprehensions, comprehensions=comprehensions):
         for t in ast.walk(target):
             key = dotted(t) if isinstance(t, ast.Name | ast.Attribute) else None
             if key is not None:
