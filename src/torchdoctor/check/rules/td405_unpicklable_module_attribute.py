@@ -5,9 +5,10 @@ import os
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
+from torchdoctor.check.analysis.library_package import library_package
 from torchdoctor.check.analysis.module_pickles import module_pickles, reaches
 from torchdoctor.check.analysis.scope_index import calls_on_lines
-from torchdoctor.check.context import child_statements
+from torchdoctor.check.context import FileContext, child_statements
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder, Unpicklable
 
@@ -26,7 +27,7 @@ def _statements(node: ast.Module | ast.FunctionDef) -> Iterator[ast.stmt]:
 
 
 class UnpicklableModuleAttribute(Rule):
-    """A lambda or local function stored on an `nn.Module` that the program pickles whole.
+    """A lambda or local function stored on an `nn.Module` that is pickled whole.
 
     ## What it does
     In a file that pickles whole modules -- `torch.save(model, ...)`, `torch.save(self,
@@ -40,16 +41,29 @@ class UnpicklableModuleAttribute(Rule):
     `__reduce__`) for one class of a family: its other classes that share a base of the
     project (and define no hook of their own) are pickled too.
 
-    Files that pickle no whole module are left alone: a lambda on a module whose
-    `state_dict()` is saved is harmless.
+    The same, with no pickling in sight, for the module classes of a package the project
+    distributes -- a library: the project has packaging metadata (`setup.py`, a
+    `pyproject.toml` with a `[project]` or `[tool.poetry]` table, a `setup.cfg` with
+    `[metadata]`/`[options]`) beside the top package, and the file lies in that package
+    (every folder up to it holds an `__init__.py`; not under `tests/`, `examples/`,
+    `scripts/`, `benchmarks/`, `docs/`). A library's users pickle its models whole in
+    code the library never sees: `torch.save(model)`, a `multiprocessing` spawn that
+    sends the model to its processes, Lightning's `ddp_spawn`, frameworks that save
+    whole models; the library cannot know they will not. A class that writes its own
+    pickling hooks is left alone (they may drop what pickle cannot store).
+
+    Other files that pickle no whole module are left alone: a lambda on an
+    application's module whose `state_dict()` is saved is harmless.
 
     ## Why is this bad?
     Pickling a module pickles its `__dict__`, attributes included, and pickle cannot
     store a lambda or a local function: `torch.save(model, path)` fails with
     `AttributeError: Can't pickle local object 'Net.__init__.<locals>.<lambda>'`
     (or `PicklingError: Can't pickle <function <lambda>>`) -- typically at the end of
-    the first epoch, when the first checkpoint is written. On by default: with the
-    whole-model save in the same file, it always fails.
+    the first epoch, when the first checkpoint is written -- or, for a library's model,
+    in its users' programs, where the fix is not theirs to make. On by default: with
+    the whole-model save in the program, or a library shipping the module, it fails as
+    soon as the module is pickled.
 
     ## Example
     ```python
@@ -85,13 +99,18 @@ class UnpicklableModuleAttribute(Rule):
     name = "unpicklable-module-attribute"
     category = "checkpoint"
     severity = Severity.ERROR
-    triggers: ClassVar[tuple[str, ...]] = ("lambda",)
+    # a lambda, or a function defined inside a method (two indentation levels deep)
+    triggers: ClassVar[tuple[str, ...]] = ("lambda", "        def ", "\t\tdef ")
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._reported: set[int] = set()  # the nodes reported (ids)
 
     def finish(self) -> None:
         saved = next(iter(module_pickles(self.ctx)), None)
         families = self._pickled_families()
         elsewhere = self._project_pickles() if saved is None else {}
-        if saved is None and not families and not elsewhere:
+        if not self.ctx.holds("class"):
             return
         for cls in _statements(self.ctx.tree):
             if not isinstance(cls, ast.ClassDef):
@@ -103,8 +122,8 @@ class UnpicklableModuleAttribute(Rule):
                 )
             elif cls.name in families:
                 why = families[cls.name]
-            elif elsewhere and self.ctx.is_module_class(cls):
-                why = elsewhere.get(cls.name) or elsewhere.get("", "")
+            elif self.ctx.is_module_class(cls):
+                why = elsewhere.get(cls.name) or elsewhere.get("", "") or self._shipped(cls)
                 if not why:
                     continue
             else:
@@ -153,6 +172,23 @@ class UnpicklableModuleAttribute(Rule):
                 else f"{place} pickles whole models of this project",
             )
         return found
+
+    def _shipped(self, cls: ast.ClassDef) -> str:
+        """Why `cls` is pickled when the project shows no pickling: it is a module of a
+        package the project distributes (a library), whose users pickle models whole in
+        code the library never sees; "" otherwise, or when the class writes its own
+        pickling hooks (they may drop what pickle cannot store)."""
+        if any(isinstance(m, ast.FunctionDef) and m.name in _PICKLE_HOOKS for m in cls.body):
+            return ""
+        library = library_package(self.ctx)
+        if library is None:
+            return ""
+        return (
+            f"`{cls.name}` is a module of the package `{library.package}` that "
+            f"`{library.metadata}` distributes: the library's users pickle its modules "
+            "whole (`torch.save(model)`, multiprocessing spawn, checkpoints) in code the "
+            "library does not see"
+        )
 
     def _relative(self, path: str) -> str:
         root = self.ctx.project.root
@@ -207,6 +243,10 @@ class UnpicklableModuleAttribute(Rule):
                     self._report(u, f"`self.{attr}` of `{call.func.id}`", why)
 
     def _report(self, u: Unpicklable, where: str, why: str) -> None:
+        # `self.tail = Wrap(fn)` stores `fn` twice (as `tail`'s and as `Wrap`'s): once
+        if id(u.node) in self._reported:
+            return
+        self._reported.add(id(u.node))
         self.report(
             u.node,
             f"{u.what} stored as {where}, and {why}: pickle cannot store it "
