@@ -2,28 +2,23 @@ from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import ClassVar
 
 from torchdoctor.check.analysis.library_package import library_package
 from torchdoctor.check.analysis.module_pickles import module_pickles, reaches
 from torchdoctor.check.analysis.scope_index import calls_on_lines
-from torchdoctor.check.context import FileContext, child_statements
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._unpicklable import Finder, Unpicklable
+from torchdoctor.check.rules._unpicklable import (
+    Finder,
+    Unpicklable,
+    statements,
+    stored_on_self,
+)
 
 # Methods by which a class controls how pickle stores its objects.
 _PICKLE_HOOKS = frozenset({"__getstate__", "__setstate__", "__reduce__", "__reduce_ex__"})
-
-
-def _statements(node: ast.Module | ast.FunctionDef) -> Iterator[ast.stmt]:
-    """Every statement under `node`, nested functions' and classes' too (what a walk of
-    the tree finds of classes and assignments, without visiting any expression)."""
-    todo = list(node.body)
-    while todo:
-        stmt = todo.pop()
-        yield stmt
-        todo.extend(child_statements(stmt))
 
 
 class UnpicklableModuleAttribute(Rule):
@@ -112,7 +107,7 @@ class UnpicklableModuleAttribute(Rule):
         elsewhere = self._project_pickles() if saved is None else {}
         if not self.ctx.holds("class"):
             return
-        for cls in _statements(self.ctx.tree):
+        for cls in statements(self.ctx.tree):
             if not isinstance(cls, ast.ClassDef):
                 continue
             if saved is not None and self.ctx.is_module_class(cls):
@@ -128,29 +123,11 @@ class UnpicklableModuleAttribute(Rule):
                     continue
             else:
                 continue
-            stored_params: dict[str, str] = {}  # constructor parameter -> attribute
-            for method in cls.body:
-                if not isinstance(method, ast.FunctionDef):
-                    continue
-                finder = Finder(self.ctx, method)
-                params = {a.arg for a in (*method.args.args, *method.args.kwonlyargs)}
-                for node in _statements(method):
-                    if not isinstance(node, ast.Assign):
-                        continue
-                    attrs = [_self_attribute(t) for t in node.targets]
-                    attr = next((a for a in attrs if a), None)
-                    if attr is None:
-                        continue
-                    for u in finder.find(node.value, node.lineno):
-                        self._report(u, f"`self.{attr}` of `{cls.name}`", why)
-                    if (
-                        method.name == "__init__"
-                        and isinstance(node.value, ast.Name)
-                        and node.value.id in params
-                    ):
-                        stored_params[node.value.id] = attr
-            if stored_params:
-                self._constructor_arguments(cls, stored_params, why)
+            stored = stored_on_self(self.ctx, cls)
+            for u, attr in stored.found:
+                self._report(u, f"`self.{attr}` of `{cls.name}`", why)
+            if stored.params:
+                self._constructor_arguments(cls, stored.params, why)
 
     def _project_pickles(self) -> dict[str, str]:
         """Module class ("" for any) -> why, from the whole-module pickles of the project's
@@ -283,13 +260,3 @@ def _inheriting(tree: ast.Module, cls: ast.ClassDef) -> set[str]:
                 names.add(sub.name)
                 changed = True
     return names
-
-
-def _self_attribute(target: ast.expr) -> str | None:
-    if (
-        isinstance(target, ast.Attribute)
-        and isinstance(target.value, ast.Name)
-        and target.value.id == "self"
-    ):
-        return target.attr
-    return None
