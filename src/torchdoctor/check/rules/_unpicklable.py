@@ -161,14 +161,28 @@ def stored_on_self(ctx: FileContext, cls: ast.ClassDef) -> Stored:
         for node in statements(method):
             if not isinstance(node, ast.Assign):
                 continue
-            attr = next((a for a in map(self_attribute, node.targets) if a), None)
-            if attr is None:
-                continue
-            stored.found += [(u, attr) for u in finder.find(node.value, node.lineno)]
-            if (
-                method.name == "__init__"
-                and isinstance(node.value, ast.Name)
-                and node.value.id in params
-            ):
-                stored.params[node.value.id] = attr
+            for attr, value in _attribute_values(node):
+                stored.found += [(u, attr) for u in finder.find(value, node.lineno)]
+                if method.name == "__init__" and isinstance(value, ast.Name) and value.id in params:
+                    stored.params[value.id] = attr
     return stored
+
+
+def _attribute_values(node: ast.Assign) -> list[tuple[str, ast.expr]]:
+    """(attribute, value) for each `self.attribute` the assignment sets: `self.a = v`,
+    and each element of `self.a, self.b = v, w`."""
+    found: list[tuple[str, ast.expr]] = []
+    for target in node.targets:
+        attr = self_attribute(target)
+        if attr is not None:
+            found.append((attr, node.value))
+        elif (
+            isinstance(target, ast.Tuple)
+            and isinstance(node.value, ast.Tuple)
+            and len(target.elts) == len(node.value.elts)
+        ):
+            for element, value in zip(target.elts, node.value.elts, strict=True):
+                attr = self_attribute(element)
+                if attr is not None:
+                    found.append((attr, value))
+    return found[:1] if len(node.targets) > 1 else found

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 
+from torchdoctor.check.analysis.file_loops import project_file
 from torchdoctor.check.analysis.library_package import library_package
 from torchdoctor.check.analysis.module_pickles import module_pickles, reaches
 from torchdoctor.check.analysis.scope_index import calls_on_lines
@@ -46,6 +47,9 @@ class UnpicklableModuleAttribute(Rule):
     sends the model to its processes, Lightning's `ddp_spawn`, frameworks that save
     whole models; the library cannot know they will not. A class that writes its own
     pickling hooks is left alone (they may drop what pickle cannot store).
+    There, a module-level lambda of the library (`sparsemoid = lambda x: ...`) is
+    found too when a module class of a file beside it stores it as the default of a
+    constructor parameter (`def __init__(self, fn=sparsemoid): self.fn = fn`).
 
     Other files that pickle no whole module are left alone: a lambda on an
     application's module whose `state_dict()` is saved is harmless.
@@ -105,6 +109,8 @@ class UnpicklableModuleAttribute(Rule):
         saved = next(iter(module_pickles(self.ctx)), None)
         families = self._pickled_families()
         elsewhere = self._project_pickles() if saved is None else {}
+        if saved is None and not families and not elsewhere:
+            self._lambdas_stored_beside()
         if not self.ctx.holds("class"):
             return
         for cls in statements(self.ctx.tree):
@@ -150,6 +156,39 @@ class UnpicklableModuleAttribute(Rule):
             )
         return found
 
+    def _lambdas_stored_beside(self) -> None:
+        """This library file's module-level lambdas (`sparsemoid = lambda x: ...`) that a
+        module class of a file beside it (same folder) takes as the default of a
+        constructor parameter it stores (`def __init__(self, fn=sparsemoid): self.fn =
+        fn`, `sparsemoid` imported from here): every default-built module holds it."""
+        lambdas: dict[str, ast.expr] = {
+            target.id: stmt.value
+            for stmt in self.ctx.tree.body
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Lambda)
+            for target in stmt.targets
+            if isinstance(target, ast.Name)
+        }
+        if not lambdas or not self.ctx.path or library_package(self.ctx) is None:
+            return
+        here = os.path.abspath(self.ctx.path)
+        stem = os.path.splitext(os.path.basename(here))[0]
+        for path in sorted(self.ctx.project.paths):
+            other = os.path.abspath(path)
+            if other == here or os.path.dirname(other) != os.path.dirname(here):
+                continue
+            if not _mentions(path, stem, lambdas):
+                continue
+            loaded = project_file(self.ctx, path)
+            if loaded is None or library_package(loaded.ctx) is None:
+                continue
+            for name, cls, param, attr, line in _stored_defaults(loaded.ctx, stem, lambdas):
+                where = f"`{cls}` ({self._relative(path)} line {line})"
+                self._report(
+                    Unpicklable(lambdas[name], f"`{name}`, a lambda,"),
+                    f"`self.{attr}` by {where}, the default of its `{param}`",
+                    self._shipped_why(cls, loaded.ctx),
+                )
+
     def _shipped(self, cls: ast.ClassDef) -> str:
         """Why `cls` is pickled when the project shows no pickling: it is a module of a
         package the project distributes (a library), whose users pickle models whole in
@@ -157,11 +196,14 @@ class UnpicklableModuleAttribute(Rule):
         pickling hooks (they may drop what pickle cannot store)."""
         if any(isinstance(m, ast.FunctionDef) and m.name in _PICKLE_HOOKS for m in cls.body):
             return ""
-        library = library_package(self.ctx)
+        return self._shipped_why(cls.name, self.ctx)
+
+    def _shipped_why(self, cls: str, ctx: FileContext) -> str:
+        library = library_package(ctx)
         if library is None:
             return ""
         return (
-            f"`{cls.name}` is a module of the package `{library.package}` that "
+            f"`{cls}` is a module of the package `{library.package}` that "
             f"`{library.metadata}` distributes: the library's users pickle its modules "
             "whole (`torch.save(model)`, multiprocessing spawn, checkpoints) in code the "
             "library does not see"
@@ -260,3 +302,38 @@ def _inheriting(tree: ast.Module, cls: ast.ClassDef) -> set[str]:
                 names.add(sub.name)
                 changed = True
     return names
+
+
+def _mentions(path: str, stem: str, names: dict[str, ast.expr]) -> bool:
+    """Whether the file's text names the module `stem` and one of `names` (a cheap
+    gate before parsing it)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return False
+    return stem in text and any(name in text for name in names)
+
+
+def _stored_defaults(
+    ctx: FileContext, stem: str, names: dict[str, ast.expr]
+) -> Iterator[tuple[str, str, str, str, int]]:
+    """(name, class, parameter, attribute, line) for each module class of `ctx` whose
+    `__init__` stores a parameter whose default is one of `names`, imported from the
+    module `stem`."""
+    for cls in ctx.tree.body:
+        if not isinstance(cls, ast.ClassDef) or not ctx.is_module_class(cls):
+            continue
+        init = next(
+            (m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None
+        )
+        if init is None:
+            continue
+        finder = Finder(ctx, init)
+        for param, attr in stored_on_self(ctx, cls).params.items():
+            default = finder.default(param)
+            if not (isinstance(default, ast.Name) and default.id in names):
+                continue
+            target = ctx.imports.get(default.id, "")
+            if target.rsplit(".", 2)[-2:] == [stem, default.id]:
+                yield default.id, cls.name, param, attr, default.lineno
