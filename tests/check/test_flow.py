@@ -174,6 +174,78 @@ def test_branches_join_and_unknown_helpers_forget() -> None:
     assert "seen" not in env  # a dropped call of unknown effect may move the batch
 
 
+def test_a_key_one_branch_never_binds_keeps_the_other_branch_value() -> None:
+    # unset on the other path, a use raises: every use that runs sees the set value
+    sc = scope(
+        """
+        def run(x, h, kind):
+            if kind == "zeros":
+                state = torch.zeros(3)
+            if kind == "cuda":
+                h = torch.zeros(3)
+            if kind == "maybe":
+                other = torch.zeros(3)
+            else:
+                other = make(kind)
+            return x
+        """,
+        "run",
+    )
+    env = sc.exit_env
+    assert env["state"].place is Place.CPU
+    assert "h" not in env  # a parameter: the caller's value on the other path
+    assert "other" not in env  # bound to something unknown on the other path
+
+
+def test_a_maybe_unset_attribute_only_in_a_plain_init() -> None:
+    ff = file_of(
+        HEADER
+        + """
+class Grid(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        if kind == "sphere":
+            self.points = torch.zeros(12, 3)
+        if kind == "star":
+            set_up(self)
+        if kind == "cube":
+            self.corners = torch.zeros(8, 3)
+
+
+class Defaulted(nn.Module):
+    points = None
+
+    def __init__(self, kind):
+        super().__init__()
+        if kind == "sphere":
+            self.points = torch.zeros(12, 3)
+"""
+    )
+    grid, defaulted = (
+        ff.scope(ff.methods(ff.classes[name])["__init__"]) for name in ("Grid", "Defaulted")
+    )
+    # `set_up(self)` may set anything: no attribute is known to be unset before it
+    assert "self.points" not in grid.exit_env
+    assert "self.points" not in defaulted.exit_env  # the class attribute otherwise
+
+
+def test_global_names_are_never_unbound() -> None:
+    sc = scope(
+        """
+        def run(kind):
+            global cache
+            if kind:
+                cache = torch.zeros(3)
+            if kind:
+                local = torch.zeros(3)
+            return kind
+        """,
+        "run",
+    )
+    assert "cache" not in sc.exit_env
+    assert sc.exit_env["local"].place is Place.CPU
+
+
 def test_early_return_and_continue_do_not_reach_the_join() -> None:
     sc = scope(
         """

@@ -7,7 +7,7 @@ import bisect
 import functools
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TypeVar
 
 from torchdoctor.check.findings import Edit, Finding, Fix, FixAvailability
@@ -350,12 +350,23 @@ class FileContext:
         word: `.to(` cannot occur without `to`).
         """
         piece, whole = _needle_plan(needle)
-        if piece is not None:
-            if self._word_text is None:
-                self._word_text = "\n".join(self.words)
-            if piece not in self._word_text:
-                return False
+        if piece is not None and not self._in_a_word(piece):
+            return False
         return not whole or needle in self.source
+
+    def _may_hold(self, needle: str) -> bool:
+        """False when the needle's longest word is no part of any word of the text."""
+        piece = _needle_plan(needle)[0]
+        return piece is None or self._in_a_word(piece)
+
+    def _in_a_word(self, piece: str) -> bool:
+        """Whether `piece` is part of a word of the text: a word itself (a set lookup),
+        else a search of the distinct words, far shorter than the text."""
+        if piece in self.words:
+            return True
+        if self._word_text is None:
+            self._word_text = "\n".join(self.words)
+        return piece in self._word_text
 
     def call_needles(self, names: frozenset[str]) -> tuple[str, ...]:
         """What the text of a call `call_name_in(call, names)` accepts always holds: the
@@ -369,7 +380,7 @@ class FileContext:
         find, line_of = source.find, bisect.bisect_right
         found: set[int] = set()
         for needle in needles:
-            if not needle:
+            if not needle or not self._may_hold(needle):
                 continue
             at = find(needle)
             while at >= 0:
@@ -377,6 +388,18 @@ class FileContext:
                 found.add(line)
                 # the next hit that counts is on a later line
                 at = find(needle, starts[line]) if line < len(starts) else -1
+        return sorted(found)
+
+    def lines_naming(self, names: Collection[str]) -> list[int]:
+        """The lines where a name of `names` stands as a whole word, ascending. Many
+        names (a stub's every function) cost one scan of the text, not one search each."""
+        present = [name for name in names if name in self.words]
+        if len(present) < 64:
+            return self.lines_holding(present)
+        wanted, starts, found = frozenset(present), self._starts(), set()
+        for match in IDENTIFIER.finditer(self.source):
+            if match.group() in wanted:
+                found.add(bisect.bisect_right(starts, match.start()))
         return sorted(found)
 
     # -- ancestry ---------------------------------------------------------

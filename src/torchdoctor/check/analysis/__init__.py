@@ -36,7 +36,9 @@ Helpers only `__init__` runs (`FileIndex.init_helpers`: `self._init_state()`) ar
 construction: a call of one is followed with the arguments and `self` as they are there
 (`call_facts(..., attributes)`, its `CallFacts.writes`), so `__init__`'s exit state, and
 the `self.x` seeds of the other methods, hold what they make. A staticmethod called as
-`self.m(...)` only (never through the class name) is seeded from those calls.
+`self.m(...)` only (never through the class name) is seeded from those calls; a call of a
+staticmethod through its class name (`Locator._score(a=x, b=y)`) is followed like a
+function's, with what it passes.
 
 Values (`values.py`): a `Value` says what an expression holds: its `Kind` (module,
 tensor, batch from a loader, loader, parameters, device, container, ...), its `Place`
@@ -55,6 +57,9 @@ interpreters see the per-file objects above them only through protocols):
 - `default_path`  the path where a caller leaves out a None-default parameter: the CPU
                   values `if h is None: h = torch.zeros(n)` makes stay facts at the join
                   (`Value.default_of`), the given branch being unknown
+- `unbound`       keys a scope has not bound before an `if` (a function's local names, a
+                  plain `__init__`'s `self.x`): one branch that never binds one leaves it
+                  unset, where a use raises, so the join keeps the other branch's value
 - `dropped_device` classes whose `__init__` device defaults to CUDA (a project fact), and
                   calls that build one without the device their function was given (TD101)
 - `torch_api`     vocabularies of torch's API: factories, device-preserving methods, layers
@@ -84,6 +89,9 @@ interpreters see the per-file objects above them only through protocols):
                   vocabulary, no_grad/autocast contexts, events and their order; a call of
                   the file's function that runs backward() on a parameter is a backward
                   event of its argument (`Event.via`: a loop split across two functions)
+- `overrides`     `self.m()` of an abstract method (`raise NotImplementedError`): the one
+                  subclass definition of `m` in the project (`ProjectIndex.bases`,
+                  `class_files`; `FileLoops.sole_override`, asked in evaluation code)
 - `mode_state` < `mode_core` < `modes`   the train/eval mode interpreter and summaries
                   (what a callee leaves each model in, its evaluation runs, its training
                   steps, and its plain runs of a model it is given, which belong to the
@@ -104,6 +112,8 @@ interpreters see the per-file objects above them only through protocols):
                   (`ProjectIndex.class_files`, loaded on demand; TD206)
 - `graph_flow`    functions that give back a differentiable transform of a parameter
                   (`return attn.max(dim=1)[0].mean()`): their result has its graph (TD206)
+- `pass_guards`   tests that hold on one pass of a loop only (`if i == 0:` on its counter,
+                  or on `self.batch_index`, a copy the loop makes for the methods it calls)
 - `inline_events` a function's events with the events of the file's functions it calls in
                   place of each call (`Event.site`): a training loop split across methods
 """

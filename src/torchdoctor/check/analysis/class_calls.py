@@ -12,6 +12,7 @@ need a base class or a built class of another file of the project.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from torchdoctor.check.analysis.file_loops import FileLoops, sibling_file
@@ -139,6 +140,46 @@ def project_mro(fl: FileLoops, cls: ast.ClassDef) -> list[tuple[FileLoops, ast.C
                 bases.append(found)
         todo[0:0] = bases
     return order
+
+
+_SELF_CALL = re.compile(r"\bself\.(\w+)\(")
+
+
+def inherited_calls(fl: FileLoops, cls: ast.ClassDef, name: str) -> frozenset[str] | None:
+    """The methods of `fl`'s file that method `name` of an instance of `cls` runs through
+    `self.m(...)` calls when `cls` inherits `name` from a base of another file (a
+    `forward` of the project's base class calling the `self.transform(x)` the subclass
+    defines), through the base's own methods it calls on the way. None: `name` is
+    defined in the file, or no readable base defines it."""
+    mro = project_mro(fl, cls)
+
+    def lookup(method: str) -> tuple[FileLoops, FunctionInfo] | None:
+        for owner, node in mro:
+            found = owner.methods.get(node.name, {}).get(method)
+            if found is not None and found.cls is node:
+                return owner, found
+        return None
+
+    first = lookup(name)
+    if first is None or first[0] is fl:
+        return None
+    names: set[str] = set()
+    seen: set[str] = set()
+    todo = [name]
+    while todo and len(seen) < 32:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        hit = lookup(current)
+        if hit is None:
+            continue  # an attribute holding a function, or a method we cannot read
+        owner, method = hit
+        if owner is fl:
+            names.add(current)  # the caller follows it on in its own file
+        else:
+            todo.extend(_SELF_CALL.findall(method.text))
+    return frozenset(names)
 
 
 _PARAMETER_CLASSES = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})

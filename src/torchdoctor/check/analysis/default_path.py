@@ -28,16 +28,20 @@ def none_defaults(func: ScopeNode) -> frozenset[str]:
     return frozenset(a.arg for a, d in pairs if isinstance(d, ast.Constant) and d.value is None)
 
 
-def rebound_before(func: ScopeNode, name: str, line: int) -> bool:
-    """Whether `func` may bind `name` before `line` (then it is no longer the caller's)."""
+def first_bindings(func: ScopeNode, names: frozenset[str]) -> dict[str, int]:
+    """The first line where `func` binds each of `names` (assigns, deletes, declares it
+    global or nonlocal); then it is no longer the caller's from that line on."""
+    found: dict[str, int] = {}
     for node in ast.walk(func):
-        if getattr(node, "lineno", line) >= line:
+        if isinstance(node, ast.Name) and node.id in names and not isinstance(node.ctx, ast.Load):
+            bound = [node.id]
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            bound = [n for n in node.names if n in names]
+        else:
             continue
-        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
-            return True
-        if isinstance(node, ast.Global | ast.Nonlocal) and name in node.names:
-            return True
-    return False
+        for name in bound:
+            found[name] = min(found.get(name, node.lineno), node.lineno)
+    return found
 
 
 def when_omitted(test: ast.expr, params: frozenset[str]) -> tuple[str, bool] | None:

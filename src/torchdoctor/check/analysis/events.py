@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.names import LoopNode
-from torchdoctor.check.analysis.syntax import bound_keys, dotted
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import (
     walk,
 )
@@ -202,10 +203,13 @@ def modulo_test(test: ast.expr) -> ast.BinOp | None:
     return None
 
 
-def invariant_guards(event: Event, other: Event, loop: ast.AST) -> list[Branch]:
+def invariant_guards(
+    event: Event, other: Event, loop: ast.AST, extra: Sequence[ast.AST] = ()
+) -> list[Branch]:
     """The `if` branches between `loop` and `event` that `other` is not in and whose test
     cannot change from pass to pass (`if args.moe:` -- not `if i % k == 0`, not a call):
-    on the passes where such a test goes the other way, `event` does not run."""
+    on the passes where such a test goes the other way, `event` does not run. `extra`:
+    the functions the loop's calls run in place (inlined events), which may assign too."""
     found: list[Branch] = []
     inside = False
     for b in event.chain:
@@ -221,13 +225,14 @@ def invariant_guards(event: Event, other: Event, loop: ast.AST) -> list[Branch]:
             for o in other.chain
         ):
             continue  # `other` runs under the same test (`if not frozen:` twice)
-        if loop_invariant(b.node.test, loop):
+        if loop_invariant(b.node.test, loop, extra):
             found.append(b)
     return found
 
 
-def loop_invariant(test: ast.expr, loop: ast.AST) -> bool:
-    """No call in `test`, and no name it reads is assigned anywhere in `loop`."""
+def loop_invariant(test: ast.expr, loop: ast.AST, extra: Sequence[ast.AST] = ()) -> bool:
+    """No call in `test`, and no name it reads is assigned anywhere in `loop` (or in
+    `extra`, functions the loop runs)."""
     read: set[str] = set()
     for node in walk(test):
         if isinstance(node, ast.Call | ast.Await | ast.NamedExpr):
@@ -238,11 +243,44 @@ def loop_invariant(test: ast.expr, loop: ast.AST) -> bool:
                 read.add(text)
     if not read:
         return False
-    for node in walk(loop):
-        for text in bound_keys(node):
-            if any(r == text or r.startswith(text + ".") or text.startswith(r + ".") for r in read):
-                return False
+    # `self.flag` reads `self.flag`, not all of `self` (which `self.i = ...` changes)
+    read = {r for r in read if not any(o.startswith(r + ".") for o in read)}
+    for scope in (loop, *extra):
+        for node in walk(scope):
+            for text in _rebound(node):
+                if any(
+                    r == text or r.startswith(text + ".") or text.startswith(r + ".") for r in read
+                ):
+                    return False
     return True
+
+
+def _rebound(node: ast.AST) -> list[str]:
+    """What a statement rebinds or changes in place: `self.i = 0` changes `self.i`, not
+    `self` (unlike `bound_keys`, which counts every name inside a target)."""
+    targets: list[ast.expr] = []
+    if isinstance(node, ast.Assign):
+        targets = list(node.targets)
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
+        targets = [node.target]
+    elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+        targets = [node.optional_vars]
+    elif isinstance(node, ast.NamedExpr):
+        targets = [node.target]
+    keys: list[str] = []
+    while targets:
+        target = targets.pop()
+        if isinstance(target, ast.Tuple | ast.List):
+            targets.extend(target.elts)
+        elif isinstance(target, ast.Starred):
+            targets.append(target.value)
+        elif isinstance(target, ast.Subscript):
+            targets.append(target.value)  # `x[i] = v` changes x
+        else:
+            key = dotted(target)
+            if key is not None:
+                keys.append(key)
+    return keys
 
 
 def zero_passes(event: Event, loop: ast.AST) -> set[str]:

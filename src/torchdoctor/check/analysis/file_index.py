@@ -402,7 +402,7 @@ class FileIndex:
         names = self.toplevel_functions.keys() | self.classes.keys()
         uses: dict[str, list[tuple[int, bool]] | None] = {}
         called: set[int] = set()
-        lines = self.ctx.lines_holding(names)  # a use is on a line that holds the name
+        lines = self.ctx.lines_naming(names)  # a use is on a line that holds the name
         for node in walk_lines(self.ctx.tree, lines):  # a call before its callee
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 if node.func.id in names:

@@ -18,6 +18,7 @@ from torchdoctor.check.analysis.loop_index import LoopIndex
 from torchdoctor.check.analysis.mode_class import held_models
 from torchdoctor.check.analysis.mode_state import ModeResult, Origin, Summary
 from torchdoctor.check.analysis.modes import ModeInterpreter
+from torchdoctor.check.analysis.overrides import sole_override
 from torchdoctor.check.analysis.syntax import last_part
 from torchdoctor.check.context import (
     FileContext,
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
     pass
 
 
+# `target = value` at the start of a line (not `==`, not `+=`): target and value
+_LINE_ASSIGNMENT = re.compile(r"(?m)^[ \t]*([^\s=]+)[ \t]*=(?!=)[ \t]*(.*)$")
+
+
 class FileLoops(LoopIndex):
     """The shared, lazily computed training-loop facts of one file."""
 
@@ -40,6 +45,8 @@ class FileLoops(LoopIndex):
         self._summaries: dict[int, Summary | None] = {}
         self._backward_params: dict[int, frozenset[str]] = {}
         self._held: dict[int, dict[str, Origin]] = {}
+        self._overrides: dict[tuple[str, str], FunctionInfo | None] = {}
+        self._assigned: dict[str, list[str]] | None = None
 
     def release(self) -> None:
         """Break the cycles (each function refers to this file, callers to callees,
@@ -139,13 +146,21 @@ class FileLoops(LoopIndex):
                     verdict = None
         return verdict
 
+    def _line_assignments(self) -> dict[str, list[str]]:
+        """`target` -> the text after `=` of each line `target = ...` (a text index, one
+        pass for every key asked about)."""
+        if self._assigned is None:
+            self._assigned = {}
+            for m in _LINE_ASSIGNMENT.finditer(as_lf(self.ctx.source)):
+                self._assigned.setdefault(m.group(1), []).append(m.group(2))
+        return self._assigned
+
     def key_mode_sensitive(self, key: str) -> bool | None:
         """Same question for a variable, from every `key = Class(...)` in the file."""
-        assignment = re.compile(r"(?m)^[ \t]*" + re.escape(key) + r"[ \t]*=(?!=)[ \t]*(.*)$")
         classes = set()
         plain_layers = False
-        for m in assignment.finditer(as_lf(self.ctx.source)):
-            call = re.match(r"([\w.]+)\(", m.group(1))
+        for value in self._line_assignments().get(key, ()):
+            call = re.match(r"([\w.]+)\(", value)
             if call is None:
                 return None  # assigned from something we cannot follow
             name = last_part(call.group(1))
@@ -161,7 +176,7 @@ class FileLoops(LoopIndex):
                 "ModuleList",
                 "ModuleDict",
             ):
-                if _MODE_SENSITIVE.search(m.group(1)):
+                if _MODE_SENSITIVE.search(value):
                     return True  # nn.Dropout(...), nn.LSTM(..., dropout=0.5)
                 plain_layers = True
                 continue  # nn.Linear, nn.Conv2d, nn.LSTM: the same in both modes
@@ -285,6 +300,16 @@ class FileLoops(LoopIndex):
         result = self.modes(fi).summary()
         self._summaries[key] = result
         return result
+
+    def sole_override(self, fi: FunctionInfo) -> FunctionInfo | None:
+        """For an abstract method `fi`, the one subclass definition of it in the project
+        (analysis/overrides.py), read from its file; None otherwise."""
+        here = os.path.abspath(self.ctx.path)
+
+        def load(path: str) -> FileLoops | None:
+            return self if os.path.abspath(path) == here else project_file(self.ctx, path)
+
+        return sole_override(fi, self.ctx.project, load, self._overrides)
 
 
 def file_of(fi: FunctionInfo) -> FileLoops:

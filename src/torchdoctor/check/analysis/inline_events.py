@@ -21,10 +21,17 @@ def inlined_events(fl: FileLoops, fi: FunctionInfo) -> list[Event]:
     path). An inlined event keeps its own `node` (for its text) and gets `site`, the call
     in `fi` it runs under (for where to report), and the chain of the call before its
     own, so loops and `if`s around the call enclose it."""
+    return inlined_events_with(fl, fi)[0]
+
+
+def inlined_events_with(fl: FileLoops, fi: FunctionInfo) -> tuple[list[Event], list[FunctionInfo]]:
+    """`inlined_events` and the functions whose events were put in place (what a test in
+    the loop reads may be assigned in them too)."""
     out: list[Event] = []
-    if not _inline(fl, fi, (), None, (fi,), out):
-        return fl.events(fi)
-    return out
+    callees: list[FunctionInfo] = []
+    if not _inline(fl, fi, (), None, (fi,), out, callees):
+        return fl.events(fi), []
+    return out, callees
 
 
 def _inline(
@@ -34,6 +41,7 @@ def _inline(
     site: ast.AST | None,
     path: tuple[FunctionInfo, ...],
     out: list[Event],
+    callees: list[FunctionInfo],
 ) -> bool:
     for event in fl.events(fi):
         if len(out) > _BUDGET:
@@ -41,7 +49,9 @@ def _inline(
         chain = (*prefix, *event.chain)
         callee = _callee(fl, fi, event, path)
         if callee is not None:
-            if not _inline(fl, callee, chain, site or event.node, (*path, callee), out):
+            if callee not in callees:
+                callees.append(callee)
+            if not _inline(fl, callee, chain, site or event.node, (*path, callee), out, callees):
                 return False
             continue
         if site is None:

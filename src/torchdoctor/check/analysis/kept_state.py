@@ -74,9 +74,9 @@ def receiver_class(ctx: FileContext, fi: FunctionInfo, recv: ast.expr) -> str | 
     if isinstance(recv, ast.Name):
         if key in fi.params():
             return None
-        return _one_class(_bindings(fi.node, key), ctx)
+        return _one_class(_bindings(ctx, fi.node, key), ctx)
     if key.count(".") == 1 and key.startswith("self.") and fi.cls is not None:
-        return _one_class(_bindings(fi.cls, key), ctx)
+        return _one_class(_bindings(ctx, fi.cls, key), ctx)
     return None
 
 
@@ -100,26 +100,44 @@ def _one_class(values: list[ast.expr], ctx: FileContext) -> str | None:
     return cls if known else None
 
 
-def _bindings(scope: ast.AST, key: str) -> list[ast.expr]:
+def _bindings(ctx: FileContext, scope: ast.AST, key: str) -> list[ast.expr]:
     """The values assigned to `key` in `scope` (an unknown one for other bindings)."""
-    values: list[ast.expr] = []
+    indexes: dict[int, dict[str, list[ast.expr]]] = ctx.shared("kept_bindings", lambda c: {})
+    index = indexes.get(id(scope))
+    if index is None:  # every key of the scope in one walk: a class may be asked often
+        index = indexes[id(scope)] = _binding_index(scope)
+    return index.get(key, [])
+
+
+def _binding_index(scope: ast.AST) -> dict[str, list[ast.expr]]:
+    index: dict[str, list[ast.expr]] = {}
+
+    def bind(key: str | None, value: ast.expr) -> None:
+        if key is not None:
+            index.setdefault(key, []).append(value)
+
+    def unpacked(bound: ast.AST, value: ast.expr) -> None:
+        # each name bound inside `bound` once (`a, (b, a) = ...` binds `a` once here)
+        for key in dict.fromkeys(dotted(t) for t in ast.walk(bound)):
+            bind(key, value)
+
     for node in ast.walk(scope):
         if isinstance(node, ast.Assign):
             for target in node.targets:
-                if dotted(target) == key:
-                    values.append(node.value)
-                elif isinstance(target, ast.Tuple | ast.List) and any(
-                    dotted(t) == key for t in ast.walk(target)
-                ):
-                    values.append(target)  # unpacked: not a class built here
-        elif isinstance(node, ast.AnnAssign | ast.AugAssign) and dotted(node.target) == key:
-            values.append(node.value if node.value is not None else node.target)
+                if isinstance(target, ast.Tuple | ast.List):
+                    unpacked(target, target)  # unpacked: not a class built here
+                else:
+                    bind(dotted(target), node.value)
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+            bind(dotted(node.target), node.value if node.value is not None else node.target)
         elif isinstance(node, ast.For | ast.With | ast.comprehension | ast.NamedExpr):
             bound = [node.target] if hasattr(node, "target") else []
             bound += [i.optional_vars for i in getattr(node, "items", []) if i.optional_vars]
-            if any(dotted(t) == key for b in bound for t in ast.walk(b)):
-                values.append(bound[0])
-    return values
+            if bound:
+                keys = dict.fromkeys(dotted(t) for b in bound for t in ast.walk(b))
+                for key in keys:
+                    bind(key, bound[0])
+    return index
 
 
 def _methods(ctx: FileContext, cls: str, name: str, depth: int = 0) -> Iterator[FuncDef]:

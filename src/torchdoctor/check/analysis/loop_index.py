@@ -114,13 +114,14 @@ class LoopIndex:
     def evaluation_lines(self) -> list[int]:
         """The lines holding an evaluation word (a function without one mentions none)."""
         if self._evaluation_lines is None:
-            self._evaluation_lines = self.ctx.lines_holding(self.evaluation_words())
+            self._evaluation_lines = self.ctx.lines_naming(self.evaluation_words())
         return self._evaluation_lines
 
     def model_lines(self) -> list[int]:
         """The lines holding a model word or `self(`."""
         if self._model_lines is None:
-            self._model_lines = self.ctx.lines_holding([*self.model_words(), "self("])
+            named = self.ctx.lines_naming(self.model_words())
+            self._model_lines = sorted({*named, *self.ctx.lines_holding(["self("])})
         return self._model_lines
 
     def model_words(self) -> list[str]:

@@ -121,6 +121,10 @@ class ModeInterpreter(HelperInliner):
         resolved = self.fl.resolve(self.fi, call, other_files=passes_model)
         if resolved is not None:
             callee, as_method = resolved
+            if as_method and frame.region is not None and callee.file is self.fl:
+                # `self.evaluate()` of an abstract method in evaluation code: the override
+                # of the one subclass of the project that defines it
+                callee = self.fl.sole_override(callee) or callee
             # a callee can only matter to modes here through a model it is given, `self`,
             # or a module-level model it uses by name
             relevant = (

@@ -57,6 +57,11 @@ def _conds(test: ast.expr, holds: bool) -> list[Cond]:
     return []
 
 
+def conds_of(test: ast.expr, holds: bool) -> list[Cond]:
+    """What `test` evaluating to `holds` says (an empty list: nothing we understand)."""
+    return _conds(test, holds)
+
+
 def _exits(body: list[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], ast.Return | ast.Raise | ast.Continue | ast.Break)
 

@@ -154,12 +154,14 @@ class ScopeFlow(ScopeCalls):
             return
         before = self.env
         assert before is not None
+        start = self._tick
         self.env = dict(before)
         self._exec_block(stmt.body)
         after_body = self.env
         self.env = before
+        middle = self._tick
         self._exec_block(stmt.orelse)
-        joined = join_env(after_body, self.env)
+        joined = self._join_branches(after_body, self.env, start, middle)
         omitted = self.when_omitted(stmt.test)
         if omitted is not None and joined is not None:
             default_env = after_body if omitted[1] else self.env

@@ -74,11 +74,14 @@ class ScopeCalls(ScopeMoves):
         if effect is not None and self.env is not None:
             assigned, writes = effect
             prefix = self.self_name + "."
+            for attr in assigned:
+                self._touch(prefix + attr)  # set by the helper, whatever it set it to
             for key in [k for k in self.env if k.startswith(prefix)]:
                 if key[len(prefix) :].split(".", 1)[0] in assigned:
                     del self.env[key]
             for attr, value in writes:
                 if attr.split(".", 1)[0] in assigned:
+                    self._touch(prefix + attr)
                     self.env[prefix + attr] = value
         return result
 
@@ -190,6 +193,8 @@ class ScopeCalls(ScopeMoves):
             if method is not None:
                 assigned = self.ff.self_attrs_assigned(method)
                 prefix = self.self_name + "."
+                for attr in assigned:
+                    self._touch(prefix + attr)  # the method may set it
                 for key in [k for k in env if k.startswith(prefix)]:
                     attr = key[len(prefix) :].split(".", 1)[0]
                     if attr in assigned or "*" in assigned:
@@ -348,6 +353,14 @@ class ScopeCalls(ScopeMoves):
         cls: ast.ClassDef | None = None
         if isinstance(func.value, ast.Name) and self.self_name and func.value.id == self.self_name:
             cls = self.cls
+        elif (
+            isinstance(func.value, ast.Name)
+            and func.value.id in ff.classes
+            and (self.env is None or func.value.id not in self.env)
+        ):
+            # `Localizer._score(a, b)`: a staticmethod called through its class's name
+            method = ff.methods(ff.classes[func.value.id]).get(func.attr)
+            return method if method is not None and _is_staticmethod(method) else None
         elif recv is not None and recv.kind in (Kind.MODULE, Kind.OBJECT) and recv.cls:
             cls = ff.classes.get(recv.cls)
         return ff.methods(cls).get(func.attr) if cls is not None else None
@@ -517,3 +530,8 @@ class ScopeCalls(ScopeMoves):
         if method in ("get", "pop") and recv.element is not None:
             return recv.element
         return None
+
+
+def _is_staticmethod(func: AnyFunction) -> bool:
+    """Decorated `@staticmethod` (a classmethod takes its class first)."""
+    return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.default_path import none_defaults, rebound_before, when_omitted
+from torchdoctor.check.analysis.default_path import first_bindings, none_defaults, when_omitted
 from torchdoctor.check.analysis.interfaces import FileFacts
 from torchdoctor.check.analysis.syntax import (
     _decorated_no_grad,
@@ -14,6 +15,7 @@ from torchdoctor.check.analysis.syntax import (
     _local_names,
     module_receivers,
 )
+from torchdoctor.check.analysis.unbound import unbindable
 from torchdoctor.check.analysis.values import (
     _TENSOR_KINDS,
     UNKNOWN,
@@ -26,6 +28,7 @@ from torchdoctor.check.analysis.values import (
     Place,
     ScopeNode,
     Value,
+    join_env,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +58,7 @@ class ScopeCore:
         self.seeds = seeds
         self._values: dict[ast.AST, Value] = {}
         self._none_defaults: frozenset[str] | None = None
+        self._rebound: dict[str, int] | None = None  # first binding of each of those
         self._mismatches: dict[tuple[int, int], Mismatch] = {}
         self.moves: list[Move] = []
         self.conversions: list[Conversion] = []  # tensors NumPy converts implicitly
@@ -82,6 +86,12 @@ class ScopeCore:
         self._locals: frozenset[str] | None = None  # computed on first need
         self._module_receivers: frozenset[str] | None = None  # computed on first need
         self._globals: Env | None = None
+        # when the run first and last bound each key (a tick of each binding; -1: on
+        # entry), to tell a key one branch never binds (analysis/unbound.py)
+        self._tick = 0
+        self._first: dict[str, int] = dict.fromkeys(seeds, -1)
+        self._last: dict[str, int] = dict.fromkeys(seeds, -1)
+        self._unbindable: Callable[[str], bool] | None = None
         if not isinstance(node, ast.Module):
             self.cls = ff.class_of(node)
             params = [*node.args.posonlyargs, *node.args.args]
@@ -89,6 +99,10 @@ class ScopeCore:
                 self.self_name = params[0].arg
             if _decorated_no_grad(node, ff.ctx):
                 self._no_grad = 1
+            args = node.args
+            for arg in (*params, *args.kwonlyargs, args.vararg, args.kwarg):
+                if arg is not None:
+                    self._first[arg.arg] = self._last[arg.arg] = -1
 
     # -- implemented by the layers above (scope_exprs ... scope) ---------------------------
     def eval(self, node: ast.expr) -> Value:
@@ -112,8 +126,12 @@ class ScopeCore:
         if not self._none_defaults:
             return None
         found = when_omitted(test, self._none_defaults)
-        if found is None or rebound_before(self.node, found[0], test.lineno):
+        if found is None:
             return None
+        if self._rebound is None:
+            self._rebound = first_bindings(self.node, self._none_defaults)
+        if self._rebound.get(found[0], test.lineno) < test.lineno:
+            return None  # rebound before the test: no longer the caller's
         return found
 
     # -- queries -------------------------------------------------------------------------
@@ -172,10 +190,41 @@ class ScopeCore:
             self._locals = _local_names(self.node)
         return UNKNOWN if root in self._locals else self._globals[key]
 
+    def _touch(self, key: str) -> None:
+        """`key` is (or may be) bound here."""
+        self._first.setdefault(key, self._tick)
+        self._last[key] = self._tick
+        self._tick += 1
+
+    def _join_branches(self, a: Env | None, b: Env | None, start: int, middle: int) -> Env | None:
+        """`join_env` of an `if`'s two paths (`a` ran from tick `start` to `middle`, `b`
+        from `middle` on): a key unbound before the `if` that one path never binds keeps
+        the other path's value (analysis/unbound.py)."""
+        if a is None or b is None or a.keys() == b.keys():
+            return join_env(a, b)
+        if self._unbindable is None:
+            self._unbindable = unbindable(
+                self.node, self.cls, self.self_name, self.ctx.qualname, self.ctx.source
+            )
+        test, first, last = self._unbindable, self._first, self._last
+
+        def unbound(key: str) -> bool:
+            born = first.get(key, -1)
+            if born < start:
+                return False  # bound before the `if` (or never: then in neither env)
+            # absent from `b`: `b` never bound it; absent from `a`: first bound in `b`
+            never = last[key] < middle if key in a else born >= middle
+            return never and test(key)
+
+        return join_env(a, b, unbound)
+
     def _set(self, key: str, value: Value) -> None:
         env = self.env
         if env is None:
             return
+        self._first.setdefault(key, self._tick)
+        self._last[key] = self._tick
+        self._tick += 1
         if "." in key:
             if self.self_name and key.startswith(self.self_name + ".") and value.fresh:
                 value = dataclasses.replace(value, fresh=False)  # registered on self

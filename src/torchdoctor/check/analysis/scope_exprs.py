@@ -199,6 +199,9 @@ class ScopeExprs(ScopeCore):
 
     def _eval_tuple(self, node: ast.expr) -> Value:
         assert isinstance(node, ast.Tuple | ast.List | ast.Set)
+        if _numbers_only(node.elts):  # a data table: nothing to follow, skip the walk
+            unknowns = (UNKNOWN,) * len(node.elts)
+            return Value(Kind.CONTAINER, UNKNOWN.place, items=unknowns, element=UNKNOWN)
         items = []
         starred = False
         for elt in node.elts:
@@ -383,3 +386,10 @@ class ScopeExprs(ScopeCore):
                 # assumed to be on the CPU (rules ask for more evidence before using this)
                 return Value(Kind.BATCH, Place.CPU, name=name, assumed=True)
         return UNKNOWN
+
+
+def _numbers_only(elts: list[ast.expr]) -> bool:
+    """Literal numbers (each evaluates to UNKNOWN; only strings and None carry facts)."""
+    return len(elts) > 4 and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, int | float | complex) for e in elts
+    )

@@ -57,14 +57,18 @@ def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
     return [n for n in own_nodes(ctx, scope) if isinstance(n, ast.Call)]
 
 
-def calls_on_lines(ctx: FileContext, lines: list[int]) -> list[tuple[ast.AST, ast.Call]]:
+def calls_on_lines(
+    ctx: FileContext, lines: list[int], *, spanning: bool = False
+) -> list[tuple[ast.AST, ast.Call]]:
     """(scope, call) for each call of the statements that span one of `lines`
     (ascending), its scope the module or the function it is written in (calls of a
     class body itself are left out); module scope first, then functions in source
     order. For a rule whose calls hold a word (`lines = ctx.lines_holding(words)`):
-    the rest of the tree is never visited."""
+    the rest of the tree is never visited. With `spanning`, only the calls that span
+    one of `lines` themselves (a call whose name holds the word does): the rest of a
+    long statement, a table of thousands of lines, is not entered either."""
     found: list[tuple[ast.AST, ast.Call]] = []
-    _calls_of(ctx.tree, ctx.tree, lines, found)
+    _calls_of(ctx.tree, ctx.tree, lines, found, spanning)
     rank = {id(ctx.tree): (0, 0)}
     for scope, _ in found:
         if scope is not ctx.tree:
@@ -74,7 +78,11 @@ def calls_on_lines(ctx: FileContext, lines: list[int]) -> list[tuple[ast.AST, as
 
 
 def _calls_of(
-    node: ast.AST, scope: ast.AST | None, lines: list[int], out: list[tuple[ast.AST, ast.Call]]
+    node: ast.AST,
+    scope: ast.AST | None,
+    lines: list[int],
+    out: list[tuple[ast.AST, ast.Call]],
+    spanning: bool,
 ) -> None:
     """The calls under `node` on `lines`, each with its module or function scope (None:
     a class body, whose own calls are left out)."""
@@ -85,15 +93,31 @@ def _calls_of(
                 if not spans_a_line(part, lines):
                     continue
                 if isinstance(part, ast.FunctionDef | ast.AsyncFunctionDef):
-                    _calls_of(part, part, lines, out)  # its decorators and defaults too
+                    _calls_of(part, part, lines, out, spanning)  # its decorators and defaults too
                 elif isinstance(part, ast.ClassDef):
-                    _calls_of(part, None, lines, out)
+                    _calls_of(part, None, lines, out, spanning)
                 else:
-                    _calls_of(part, scope, lines, out)
+                    _calls_of(part, scope, lines, out, spanning)
             elif isinstance(part, ast.excepthandler | ast.match_case):
-                _calls_of(part, scope, lines, out)
+                _calls_of(part, scope, lines, out, spanning)
             elif isinstance(part, ast.AST) and scope is not None:
-                out.extend((scope, n) for n in walk(part) if isinstance(n, ast.Call))
+                nodes = nodes_spanning(part, lines) if spanning else walk(part)
+                out.extend((scope, n) for n in nodes if isinstance(n, ast.Call))
+
+
+def nodes_spanning(node: ast.AST, lines: list[int]) -> list[ast.AST]:
+    """The nodes under `node` (itself included) whose text spans one of `lines`
+    (ascending), and those without a position (keywords' parents decide); a subtree
+    that spans none of `lines` is not entered."""
+    found: list[ast.AST] = []
+    todo = [node]
+    while todo:
+        part = todo.pop()
+        if hasattr(part, "lineno") and not spans_a_line(part, lines):  # type: ignore[arg-type]
+            continue
+        found.append(part)
+        todo.extend(iter_children(part))
+    return found
 
 
 def assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign | ast.AnnAssign]]:

@@ -336,6 +336,12 @@ class ScopeLibrary(ScopeExprs):
                 grad = isinstance(kw.value, ast.Constant) and kw.value.value is True
             elif kw.arg is None:
                 place = Place.UNKNOWN
+        source: ast.AST = node
+        name, line = qual, node.lineno
+        if place is Place.CPU and device:
+            origin = self._device_origin(node)
+            if origin is not None:  # on the CPU because that tensor is: the CPU side's origin
+                source, name, line = origin.source, origin.name, origin.line  # type: ignore[assignment]
         scalar = False
         if last in ("tensor", "as_tensor", "scalar_tensor"):
             data = node.args[0] if node.args else None
@@ -367,14 +373,25 @@ class ScopeLibrary(ScopeExprs):
         return Value(
             Kind.TENSOR,
             place,
-            name=qual,
-            line=node.lineno,
+            name=name,
+            line=line,
             device=device,
             device_line=node.lineno if device else 0,
             grad=grad,
             scalar=scalar,
-            source=node,
+            source=source,
         )
+
+    def _device_origin(self, node: ast.Call) -> Value | None:
+        """The CPU tensor `t` of a factory's `device=t.device` (made where it was made)."""
+        for kw in node.keywords:
+            if kw.arg == "device" and isinstance(kw.value, ast.Attribute):
+                if kw.value.attr != "device":
+                    return None
+                held = self._peek(kw.value.value)
+                if held.kind is Kind.TENSOR and held.place is Place.CPU and held.source is not None:
+                    return held
+        return None
 
     def _tensor_dataset(self, args: list[Value]) -> Value:
         places = {a.place for a in args}

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ast
-import bisect
 import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.analysis.torch_api import _NO_GRAD_CONTEXTS, MODULE_ONLY_METHODS
 from torchdoctor.check.analysis.values import AnyFunction, Env
 from torchdoctor.check.context import (
@@ -208,20 +208,36 @@ def module_receivers(scope: ast.AST, ctx: FileContext | None = None) -> frozense
     """Names (`model`, `self.net`) that the scope calls a method only an nn.Module has
     on (`model.eval()`, `net.parameters()`); nested defs and classes are not looked in.
 
-    With `ctx`, a scope whose lines name none of those methods is not walked."""
-    if ctx is not None and not _names_module_method(ctx, scope):
-        return frozenset()
-    found: set[str] = set()
-    for node in own_code(getattr(scope, "body", ())):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in MODULE_ONLY_METHODS
-        ):
-            key = dotted(node.func.value)
-            if key is not None:
-                found.add(key)
-    return frozenset(found)
+    With `ctx`, the calls on the lines that name such a method are indexed once for
+    every scope of the file: the scopes themselves are never walked."""
+    if ctx is not None:
+        index: dict[int, frozenset[str]] = ctx.shared("module_receivers_index", _receivers_index)
+        return index.get(id(scope), frozenset())
+    return frozenset(
+        key
+        for node in own_code(getattr(scope, "body", ()))
+        if (key := _module_method_receiver(node)) is not None
+    )
+
+
+def _receivers_index(ctx: FileContext) -> dict[int, frozenset[str]]:
+    found: dict[int, set[str]] = {}
+    for scope, call in calls_on_lines(ctx, ctx.lines_holding(MODULE_ONLY_METHODS)):
+        key = _module_method_receiver(call)
+        if key is not None:
+            found.setdefault(id(scope), set()).add(key)
+    return {scope: frozenset(keys) for scope, keys in found.items()}
+
+
+def _module_method_receiver(node: ast.AST) -> str | None:
+    """`model` of `model.eval()` (a method only an nn.Module has)."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in MODULE_ONLY_METHODS
+    ):
+        return dotted(node.func.value)
+    return None
 
 
 def own_code(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
@@ -234,18 +250,6 @@ def own_code(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
             continue
         yield node
         todo.extend(iter_children(node))
-
-
-def _names_module_method(ctx: FileContext, scope: ast.AST) -> bool:
-    """Whether a line of `scope` holds the name of a module-only method (the attribute
-    of such a call is on one of the scope's lines, whatever the spacing)."""
-    lines: list[int] = ctx.shared(
-        "module_method_lines", lambda c: c.lines_holding(MODULE_ONLY_METHODS)
-    )
-    first = getattr(scope, "lineno", 1)
-    last = getattr(scope, "end_lineno", None) or len(ctx.lines)
-    at = bisect.bisect_left(lines, first)
-    return at < len(lines) and lines[at] <= last
 
 
 def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern[str]) -> list[int]:

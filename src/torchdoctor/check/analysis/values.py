@@ -6,6 +6,7 @@ import ast
 import dataclasses
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -176,16 +177,28 @@ def join(a: Value, b: Value) -> Value:
 Env = dict[str, Value]
 
 
-def join_env(a: Env | None, b: Env | None) -> Env | None:
-    """Join two environments; None is a dead path (after return/raise/break)."""
+def join_env(
+    a: Env | None, b: Env | None, unbound: Callable[[str], bool] | None = None
+) -> Env | None:
+    """Join two environments; None is a dead path (after return/raise/break).
+
+    A key one side lacks is unknown there, unless `unbound(key)`: not bound at all on
+    that path, where using it raises; then the other side's value is what every use
+    that runs sees (analysis/unbound.py)."""
     if a is None:
         return None if b is None else dict(b)
     if b is None:
         return dict(a)
     out: Env = {}
+    if unbound is not None:
+        for key, only_b in b.items():
+            if key not in a and unbound(key):
+                out[key] = only_b
     for key, va in a.items():
         vb = b.get(key)
         if vb is None:
+            if unbound is not None and unbound(key):
+                out[key] = va
             continue
         joined = join(va, vb)
         if joined.kind is not Kind.UNKNOWN or joined.place is not Place.UNKNOWN:

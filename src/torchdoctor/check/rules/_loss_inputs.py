@@ -45,6 +45,11 @@ _LOSS_MODULES = {
 
 def loss_calls(ctx: FileContext, kinds: frozenset[str]) -> list[tuple[FunctionInfo, ast.Call, str]]:
     """Every call of a loss of one of `kinds` in the file: (function, call, kind)."""
+    return [found for found in ctx.shared("loss_calls", _loss_calls) if found[2] in kinds]
+
+
+def _loss_calls(ctx: FileContext) -> list[tuple[FunctionInfo, ast.Call, str]]:
+    """Every call of a loss the file shows the kind of (found once for the loss rules)."""
     fl = analysis(ctx)
     # names assigned a loss module somewhere (`criterion = nn.CrossEntropyLoss()`)
     instances = (
@@ -65,14 +70,14 @@ def loss_calls(ctx: FileContext, kinds: frozenset[str]) -> list[tuple[FunctionIn
                 continue
             if not spans_a_line(stmt, lines):
                 continue
-            for node in _shallow_calls(stmt):
+            for node in _shallow_calls(stmt, lines):
                 key = dotted(node.func)
                 if key is not None and key.rsplit(".", 1)[-1] not in instances:
                     name = ctx.qualname(node.func) or ""
                     if name not in _LOSS_FUNCTIONS:
                         continue
                 kind = loss_kind(fl, fi, node)
-                if kind in kinds:
+                if kind is not None:
                     found.append((fi, node, kind))
     return found
 
@@ -83,8 +88,10 @@ _LOSS_INSTANCE = re.compile(
 )
 
 
-def _shallow_calls(stmt: ast.stmt) -> list[ast.Call]:
-    """Calls in this statement itself (not in the statements nested in it)."""
+def _shallow_calls(stmt: ast.stmt, lines: list[int]) -> list[ast.Call]:
+    """Calls in this statement itself (not in the statements nested in it) whose text
+    spans one of `lines` (a loss call spans the line its callee is named on): the parts
+    of a long statement (a table of test cases) that span none are not entered."""
     out: list[ast.Call] = []
     todo: list[ast.AST] = [
         v
@@ -96,6 +103,8 @@ def _shallow_calls(stmt: ast.stmt) -> list[ast.Call]:
     while todo:
         node = todo.pop()
         if isinstance(node, ast.Lambda):
+            continue
+        if hasattr(node, "lineno") and not spans_a_line(node, lines):  # type: ignore[arg-type]
             continue
         if isinstance(node, ast.Call):
             out.append(node)

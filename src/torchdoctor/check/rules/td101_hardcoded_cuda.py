@@ -177,6 +177,7 @@ class HardcodedCuda(Rule):
         self._cuda_only_blocks: dict[int, bool] = {}
         self._gated: bool | None = None
         self._gated_classes: set[str] | None = None
+        self._collective_functions: dict[ast.AST, bool] = {}
         # Without a "cuda" / 'cuda:0' string, only `.cuda()` calls can be reported.
         self._literals = '"cuda' in ctx.source or "'cuda" in ctx.source
         if self._file_is_cuda_only:
@@ -438,6 +439,12 @@ class HardcodedCuda(Rule):
     def _uses_collectives(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         """The function feeds torch.distributed collectives, whose tensors must sit on
         the process group's device (CUDA for NCCL): the device is chosen on purpose."""
+        found = self._collective_functions.get(function)
+        if found is None:  # asked for each CUDA call the function holds
+            found = self._collective_functions[function] = self._feeds_collectives(function)
+        return found
+
+    def _feeds_collectives(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         if "dist" not in self.ctx.segment(function).lower():
             return False
         for sub in walk(function):

@@ -1,18 +1,27 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.class_calls import inherited_calls
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
+from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.analysis.syntax import own_code
 from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch, Place
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
 
 # `torch.zeros(`, `th.FloatTensor(`: how a factory call reads, whatever torch is imported as
 _FACTORY_CALLS = tuple(f".{name}(" for name in sorted(FACTORIES | LEGACY_CONSTRUCTORS))
+
+# code of a function that puts a tensor on the device itself
+_OWN_PROOF = (".to(", ".cuda(", "device=")
+_FACTORY_NAMES_CALLED = tuple(f"{name}(" for name in sorted(FACTORIES | LEGACY_CONSTRUCTORS))
 
 _LIKE_FORM = {
     "zeros": "new_zeros",
@@ -78,6 +87,10 @@ class FactoryWithoutDevice(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("forward", ".to(", ".cuda(", "device")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._cpu_lines: list[int] | None = None  # lines of factory calls the CPU gets
+
     def finish(self) -> None:
         ff = file_flow(self.ctx)
         # a value proven on the device comes from a move or a `device=` in this file
@@ -86,33 +99,63 @@ class FactoryWithoutDevice(Rule):
         devices = moves or any(w in self.ctx.source for w in ("cuda", "device", "accelerat"))
         for func in ff.functions():
             cls = ff.class_of(func)
-            if cls is None or not ff.is_module_class(cls):
-                if not moves:
+            forward = None if cls is None else self._forward_reaching(ff, cls, func)
+            if forward is None:
+                if not moves or not ff.mentions(func, *_FACTORY_CALLS):
+                    continue
+                if cls is not None and ff.is_module_class(cls):
+                    # a module whose `forward` is not seen to run this method (a base of
+                    # another file calls it through attributes holding functions): its
+                    # factory meets a tensor its own code puts on the device
+                    # (`device=self.device`); where the class's own `forward` is in
+                    # view, what it does not run is left alone
+                    if (
+                        "forward" not in ff.inherited_methods(cls)
+                        and ff.mentions(func, *_OWN_PROOF)
+                        and self._may_make_on_cpu(func)
+                    ):
+                        self._check(func, None, ff.scope(func, callers=False))
                     continue
                 # a loss, metric or plotting helper: its factory meets tensors its
                 # callers proved to be on the device
                 # (only where a device value can come from: its own code, or callers here)
-                if ff.mentions(func, *_FACTORY_CALLS) and (
+                if (
                     ff.mentions(func, *ff.FACT_WORDS) or ff.called_in_file(func)
-                ):
+                ) and self._may_make_on_cpu(func):
                     self._check(func, None, ff.scope(func))
                 continue
-            forward = ff.inherited_methods(cls).get("forward")  # maybe a base class's
-            if forward is None:
-                continue
+            assert cls is not None
             if not devices and _runs_here(ff, cls):
                 continue  # a CPU-only script running its own model: it never meets a GPU
-            if func not in ff.reached_methods(cls, forward):
-                continue
             if not ff.mentions(func, *FACTORIES, *LEGACY_CONSTRUCTORS):
-                makers = [  # methods that return a tensor they make: `self.init_hidden(n)`
-                    f"self.{m.name}("
-                    for m in ff.methods(cls).values()
-                    if m is not func and ff.may_return_factory(m)
-                ]
+                makers = self._makers(ff, cls, func)
                 if not (makers and ff.mentions(func, *makers)):
                     continue
-            self._check(func, forward, ff.scope(func, callers=False))
+            if self._may_make_on_cpu(func):
+                self._check(func, forward, ff.scope(func, callers=False))
+
+    def _may_make_on_cpu(self, func: AnyFunction) -> bool:
+        """Whether `func`, or a method of its class that can hand it a value, calls a
+        factory the CPU gets: the only sources this rule reports. Most functions that
+        name a factory give every call a `device=`; they are not analysed at all."""
+        return any(self._cpu_factories(f) for f in (func, *self._helpers(func)))
+
+    def _cpu_factories(self, func: AnyFunction) -> bool:
+        if self._cpu_lines is None:  # found once per file, on the lines that name a factory
+            lines = self.ctx.lines_holding(_FACTORY_NAMES_CALLED)
+            calls = calls_on_lines(self.ctx, lines, spanning=True)
+            self._cpu_lines = sorted({c.lineno for _, c in calls if self._cpu_factory(c)})
+        at = bisect.bisect_left(self._cpu_lines, func.lineno)
+        return at < len(self._cpu_lines) and self._cpu_lines[at] <= (func.end_lineno or 0)
+
+    def _cpu_factory(self, call: ast.Call) -> bool:
+        """A torch factory call made on the CPU whatever the values: no `device=`, or
+        a literal CPU device (`device="cpu"`)."""
+        qual = self.ctx.call_name(call) or ""
+        factory = qual.rsplit(".", 1)[-1]
+        if not qual.startswith("torch.") or factory not in FACTORIES | LEGACY_CONSTRUCTORS:
+            return False
+        return all(k.arg not in ("device", None) or _literal_cpu(k.value) for k in call.keywords)
 
     def _check(self, func: AnyFunction, forward: AnyFunction | None, scope: ScopeFlow) -> None:
         reported: set[ast.AST] = set()
@@ -141,10 +184,42 @@ class FactoryWithoutDevice(Rule):
             qual = self.ctx.call_name(source) or ""
             factory = qual.rsplit(".", 1)[-1]
             legacy = factory in LEGACY_CONSTRUCTORS and qual.count(".") == 1
-            if not qual.startswith("torch.") or not (factory in FACTORIES or legacy):
-                continue
+            if not (factory in FACTORIES or legacy) or not self._cpu_factory(source):
+                continue  # a `device=` the caller chose: it is not this rule's claim
             reported.add(source)
             self.report(source, self._message(func, forward, m, qual, factory))
+
+    def _forward_reaching(
+        self, ff: FileFlow, cls: ast.ClassDef, func: AnyFunction
+    ) -> AnyFunction | None:
+        """The method through which the module's `forward` runs `func`: `forward` itself
+        (the class's, or a base's of this file), or the method of this file a base
+        `forward` of another file calls (`self.transform(x)`). None: not a module, or
+        `forward` does not run `func`."""
+        if not ff.is_module_class(cls):
+            return None
+        forward = ff.inherited_methods(cls).get("forward")  # maybe a base class's
+        if forward is not None:
+            return forward if func in ff.reached_methods(cls, forward) else None
+        if not ff.mentions(
+            func, *_FACTORY_CALLS, *self._makers(ff, cls, func)
+        ) or not self._may_make_on_cpu(func):
+            return None  # no factory the CPU gets here: nothing to report, no base read
+        called = inherited_calls(analysis(self.ctx), cls, "forward") or frozenset()
+        methods = ff.inherited_methods(cls)
+        for name in sorted(called):
+            start = methods.get(name)
+            if start is not None and func in ff.reached_methods(cls, start):
+                return start
+        return None
+
+    def _makers(self, ff: FileFlow, cls: ast.ClassDef, func: AnyFunction) -> list[str]:
+        """`self.m(` of the methods that return a tensor they make (`self.init_hidden(n)`)."""
+        return [
+            f"self.{m.name}("
+            for m in ff.methods(cls).values()
+            if m is not func and ff.may_return_factory(m)
+        ]
 
     def _moves_inputs(self, scope: ScopeFlow, m: Mismatch) -> bool:
         """A call of a module whose class moves what it receives (`x = x.to(device)`)."""
@@ -208,8 +283,13 @@ class FactoryWithoutDevice(Rule):
             )
         if m.cpu.default_of:  # `if h is None: h = torch.zeros(n)`
             path += f", when the caller leaves out `{m.cpu.default_of}`"
+        made = "has no `device=`: it is made on the CPU"
+        if isinstance(m.cpu.source, ast.Call) and any(
+            k.arg == "device" for k in m.cpu.source.keywords
+        ):
+            made = "is made on the CPU by its `device=`"
         return (
-            f"`{qual}(...)` has no `device=`: it is made on the CPU and {meets} (line "
+            f"`{qual}(...)` {made} and {meets} (line "
             f"{m.site.lineno}{path}), which fails once the model is on a GPU; pass "  # type: ignore[attr-defined]
             f"`device={device}`{alternative}"
         )
@@ -259,6 +339,13 @@ def _inside(node: ast.AST, func: ast.AST | None) -> bool:
     line = getattr(node, "lineno", 0)
     start, end = getattr(func, "lineno", 0), getattr(func, "end_lineno", None)
     return bool(start) and start <= line <= (end or start)
+
+
+def _literal_cpu(value: ast.expr) -> bool:
+    """`"cpu"` or `torch.device("cpu")` written out."""
+    if isinstance(value, ast.Call) and len(value.args) == 1 and not value.keywords:
+        value = value.args[0]  # `torch.device("cpu")`
+    return isinstance(value, ast.Constant) and str(value.value).startswith("cpu")
 
 
 def _first_input(func: AnyFunction) -> str:

@@ -76,9 +76,22 @@ class UnregisteredTensor(Rule):
             # `__init__` and the helpers only it runs (`self._init_state()`)
             helpers = ff.init_helpers(cls)
             makers = [func, *(m for n, m in ff.methods(cls).items() if n in helpers)]
-            if not any(ff.mentions(m, "torch", "tensor") for m in makers):
+            if not any(ff.mentions(m, "torch", "tensor", *self._factories(ff)) for m in makers):
                 continue
             self._check(ff, cls, makers, ff.scope(func, callers=False))
+
+    def _factories(self, ff: FileFlow) -> tuple[str, ...]:
+        """`make_grid(` of the file's functions that may return a tensor they make: a
+        call of one in `__init__` makes a tensor (`self.doas = sphere()`)."""
+        found = getattr(self, "_factory_calls", None)
+        if found is None:
+            found = tuple(
+                f"{name}("
+                for name, func in ff.toplevel_functions.items()
+                if ff.may_return_factory(func)
+            )
+            self._factory_calls = found
+        return found
 
     def _check(
         self, ff: FileFlow, cls: ast.ClassDef, makers: list[AnyFunction], init: ScopeFlow

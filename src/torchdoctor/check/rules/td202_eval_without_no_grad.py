@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import ClassVar
 
@@ -33,7 +34,10 @@ class EvalWithoutNoGrad(Rule):
     with either, and not called from inside one in this file. Code that computes
     gradients on purpose (it calls `backward()`, `torch.autograd.grad`, or sets
     `requires_grad`) is left alone, and so are Lightning's `validation_step`,
-    `test_step` and `predict_step` (Lightning disables gradients there).
+    `test_step` and `predict_step` (Lightning disables gradients there). A call of
+    an abstract method (`self.evaluate()` of a base trainer) runs the one override a
+    subclass of the project defines; when that runs in a file that leaves the gradient
+    mode to its callers (no training code there), the report goes to the call.
 
     ## Why is this bad?
     `model.eval()` switches Dropout and BatchNorm to inference behaviour; it does
@@ -93,7 +97,8 @@ class EvalWithoutNoGrad(Rule):
                 if fc.no_grad or fc.grad_switch or fc.key in seen:
                     continue
                 if fc.via is not None and (
-                    fc.region_node is fc.via.node or _NEEDS_GRAD.search(fc.via.text)
+                    (fc.region_node is fc.via.node and _reported_there(fl, fc.via))
+                    or _NEEDS_GRAD.search(fc.via.text)
                 ):
                     continue  # evaluation code of its own (reported there), or wants gradients
                 if fc.key.split(".", 1)[0] == "self" and _in_module_class(self, fi):
@@ -126,13 +131,20 @@ class EvalWithoutNoGrad(Rule):
                     where = flagged
                 elif after_eval and fc.region != "strong":
                     where = f"after {min(fc.origins, key=lambda o: o.line).what}"
+                elif fc.via is not None and fc.region_node is fc.via.node:
+                    where = f"in evaluation code ({fc.via.label})"
                 else:
                     where = f"in evaluation code ({_region(fi, fc.region_node)})"
+                elsewhere = (
+                    ""
+                    if fc.via is None or fc.via.file is fl
+                    else f" in {os.path.basename(fc.via.file.ctx.path)}"
+                )
                 runs = (
                     f"`{fc.key}` runs"
                     if fc.via is None
                     else f"`{self.ctx.segment(fc.node.func)}()` runs `{fc.key}` (line "
-                    f"{fc.inner_line} of {fc.via.label})"
+                    f"{fc.inner_line} of {fc.via.label}{elsewhere})"
                 )
                 self.report(
                     fc.node,
@@ -142,6 +154,17 @@ class EvalWithoutNoGrad(Rule):
                     hint="wrap it in `with torch.no_grad():` (or `torch.inference_mode()`), "
                     "or decorate the function with `@torch.no_grad()`",
                 )
+
+
+def _reported_there(fl: FileLoops, callee: FunctionInfo) -> bool:
+    """Whether the rule, checking `callee`'s own file, reports the runs of its evaluation
+    code: a file of this one's, or one with training words (one without leaves the
+    model it is handed to its callers: the call here is where gradients stay on)."""
+    other = callee.file
+    if other is fl:
+        return True
+    source = other.ctx.source
+    return is_test_file(other.ctx.path) or any(w in source for w in _SCRIPT_WORDS)
 
 
 def _region(fi: FunctionInfo, node: object) -> str:

@@ -130,8 +130,8 @@ class InplaceOnSavedTensor(Rule):
         for cls in file_flow(self.ctx).every_class():
             if not self.ctx.is_module_class(cls):
                 continue
-            if not _INPLACE_TEXT.search(self.ctx.segment(cls)):
-                continue  # cheap first: no in-place write in the class's text
+            if not self._may_write_in_place(cls):
+                continue  # cheap first: no in-place write in the text it reports in
             # The class and its bases, also those of other files of the project: an
             # inherited `self.V(x)` runs the base's method, which may call this class's.
             layers: dict[str, str] = {}
@@ -164,6 +164,18 @@ class InplaceOnSavedTensor(Rule):
             for ctx, method, own in methods:
                 if own:
                     _Method(self, ctx, layers, returns_grad).block(method.body, _State(), False)
+
+    def _may_write_in_place(self, cls: ast.ClassDef) -> bool:
+        """Whether a method this rule reports in (not `__init__`) may write in place: its
+        text has an in-place operator or method, or the class builds an in-place layer."""
+        if "inplace" in self.ctx.segment(cls):
+            return True  # `nn.ReLU(inplace=True)` in __init__, run by `self.act(x)`
+        return any(
+            isinstance(m, ast.FunctionDef)
+            and m.name != "__init__"
+            and _INPLACE_TEXT.search(self.ctx.segment(m))
+            for m in cls.body
+        )
 
     def _readable_base(self, cls: ast.ClassDef) -> bool:
         """The class calls `self.m(...)` it neither defines nor assigns, and has a base

@@ -94,6 +94,11 @@ class DeprecatedCudaAmp(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("cuda.amp", "cpu.amp")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call, ast.Attribute, ast.Name)
 
+    def visit_needles(self) -> tuple[str, ...]:
+        # the API's last name, or the local name an import gives it
+        aliases = [k for k, v in self.ctx.imports.items() if v.rsplit(".", 1)[-1] in _LAST_NAMES]
+        return (*_LAST_NAMES, *aliases)
+
     def visit(self, node: ast.AST) -> None:
         if self.ctx.target_version is not None and self.ctx.target_version < (2, 4):
             return  # deprecated in 2.4; older targets may need exactly this API

@@ -103,6 +103,10 @@ class LegacyTensorType(Rule):
     triggers: ClassVar[tuple[str, ...]] = (*(f"{kind}Tensor" for kind in _DTYPES), "tensor_type")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call, ast.Assign)
 
+    def visit_needles(self) -> tuple[str, ...]:
+        # `FloatTensor(`, `x.type(...)`, `set_default_tensor_type(`: what `visit` reads
+        return ("Tensor", "type(", "tensor_type")
+
     def visit(self, node: ast.AST) -> None:
         if isinstance(node, ast.Assign):
             if isinstance(node.value, ast.Attribute) and node.value.attr.endswith("Tensor"):

@@ -1,0 +1,92 @@
+"""Tests that let a statement run on one pass of a loop only: `if i == 0:` where `i` is the
+loop's counter (`for i, batch in enumerate(loader)`, `for i in range(n)`), directly or
+through a copy the loop makes of it on every pass (`self.batch_index = i`, read by a method
+the loop calls on `self`).
+
+A counter takes a new value on every pass, so a test pinning it to one value holds on at
+most one pass: a `zero_grad()` under it does not clear the gradients of the other passes.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+
+from torchdoctor.check.analysis.events import Event
+from torchdoctor.check.analysis.path_guards import TRUTHY, conds_of
+from torchdoctor.check.analysis.syntax import bound_keys, dotted
+from torchdoctor.check.context import walk
+
+
+def single_pass_guard(event: Event, loop: ast.AST, extra: Sequence[ast.AST] = ()) -> ast.If | None:
+    """The `if` between `loop` and `event` whose test pins a counter of `loop` to one value
+    (so `event` runs on one pass at most), or None. `extra`: the functions the loop's calls
+    run in place (an inlined event's tests there may read `self.<copy>` only, `self` being
+    the object whose method holds the loop)."""
+    counters = loop_counters(loop, event, extra)
+    if not counters:
+        return None
+    inside = False
+    for b in event.chain:
+        if b.node is loop:
+            inside = True
+            continue
+        if not inside or not isinstance(b.node, ast.If):
+            continue
+        in_loop = _within(b.node, loop)
+        for cond in conds_of(b.node.test, b.label == "body"):
+            if cond.subject not in counters:
+                continue
+            if not in_loop and not cond.subject.startswith("self."):
+                continue  # a name of the called function, not the loop's
+            if cond.equal != (cond.value is TRUTHY):
+                return b.node  # `i == c` (equal to a constant), `not i` (falsy: 0)
+    return None
+
+
+def loop_counters(loop: ast.AST, event: Event, extra: Sequence[ast.AST] = ()) -> set[str]:
+    """The names holding `loop`'s counter on the pass `event` runs in: the `for` target
+    of `range(...)` or the index of `enumerate(...)`, and what the loop body copies it
+    into (`self.batch_index = i`, a statement of the body ahead of `event`), when nothing
+    else in the loop or `extra` assigns them."""
+    if not isinstance(loop, ast.For) or not isinstance(loop.iter, ast.Call):
+        return set()
+    func = loop.iter.func
+    name = func.id if isinstance(func, ast.Name) else None
+    target = loop.target
+    if name == "enumerate" and isinstance(target, ast.Tuple) and target.elts:
+        target = target.elts[0]
+    elif name != "range":
+        return set()
+    if not isinstance(target, ast.Name):
+        return set()
+    counter = target.id
+    found = {counter}
+    at = event.site if event.site is not None else event.node
+    line = getattr(at, "lineno", 0)
+    for stmt in loop.body:
+        if getattr(stmt, "end_lineno", 0) >= line:
+            break
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.value, ast.Name)
+            and stmt.value.id == counter
+        ):
+            copy = dotted(stmt.targets[0])
+            if copy is not None:
+                found.add(copy)
+    assigned: dict[str, int] = {}
+    for scope in (loop, *extra):
+        for node in walk(scope):
+            if scope is loop and node is loop:
+                continue  # the `for` binds the counter itself
+            for key in bound_keys(node):
+                assigned[key] = assigned.get(key, 0) + 1
+    # each copy is made once (the statement above); the counter is never reassigned
+    return {n for n in found if assigned.get(n, 0) == (0 if n == counter else 1)}
+
+
+def _within(node: ast.AST, outer: ast.AST) -> bool:
+    start, end = getattr(outer, "lineno", 0), getattr(outer, "end_lineno", 0) or 0
+    return start <= getattr(node, "lineno", -1) <= end and any(n is node for n in walk(outer))
