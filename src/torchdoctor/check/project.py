@@ -175,6 +175,10 @@ class ProjectIndex:
     # Classes that make an `nn.Parameter` in their body, and their subclasses
     # (analysis/project_facts.parameter_classes; TD213 asks where one is built).
     parameter_classes: frozenset[str] = frozenset()
+    # What rules read from the file system on demand this run, by key (a file's presence,
+    # a folder's packaging metadata: analysis/library_package.py): once per run, not per
+    # file, and never stale in a long-lived process (each run builds a new index).
+    disk: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def generic_arguments(self) -> GenericFacts:

@@ -348,6 +348,13 @@ def recording_siblings() -> Iterator[set[str]]:
         _READING.pop()
 
 
+def record_dependency(path: str) -> None:
+    """Note that the findings being computed depend on the file at `path` (read, or
+    looked for: a file that appears later changes them too)."""
+    for reading in _READING:
+        reading.add(os.path.abspath(path))
+
+
 def sibling_file(ctx: FileContext, module: str, by_tail: bool = False) -> FileLoops | None:
     """The analysed file a dotted import names, looked up beside the checked file (and,
     `by_tail`, the one project file whose path ends like it)."""
@@ -371,8 +378,7 @@ def sibling_file(ctx: FileContext, module: str, by_tail: bool = False) -> FileLo
             if os.path.isfile(candidate):
                 if os.path.abspath(candidate) == os.path.abspath(ctx.path):
                     return None
-                for reading in _READING:
-                    reading.add(os.path.abspath(candidate))
+                record_dependency(candidate)
                 return _load_sibling(candidate, ctx)
     if level or not by_tail:
         return None
@@ -403,8 +409,7 @@ def project_file(ctx: FileContext, path: str) -> FileLoops | None:
     recorded as one the checked file's findings depend on."""
     if os.path.abspath(path) == os.path.abspath(ctx.path):
         return None
-    for reading in _READING:
-        reading.add(os.path.abspath(path))
+    record_dependency(path)
     return _load_sibling(path, ctx)
 
 

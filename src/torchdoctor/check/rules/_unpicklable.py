@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import ast
 import functools
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.scope_index import assignments
-from torchdoctor.check.context import FileContext, walk
+from torchdoctor.check.context import FileContext, child_statements, walk
 
 # Callees that store the functions they are given: class constructors and these.
 _STORING = frozenset({"partial", "functools.partial"})
@@ -115,3 +116,73 @@ class Finder:
             (a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
         ]
         return next((d for a, d in pairs if a.arg == name), None)
+
+
+def statements(node: ast.Module | ast.FunctionDef) -> Iterator[ast.stmt]:
+    """Every statement under `node`, nested functions' and classes' too (what a walk of
+    the tree finds of classes and assignments, without visiting any expression)."""
+    todo = list(node.body)
+    while todo:
+        stmt = todo.pop()
+        yield stmt
+        todo.extend(child_statements(stmt))
+
+
+def self_attribute(target: ast.expr) -> str | None:
+    """`x` for a target `self.x`."""
+    if (
+        isinstance(target, ast.Attribute)
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+    ):
+        return target.attr
+    return None
+
+
+@dataclass
+class Stored:
+    """What a class's methods store on `self` that pickle cannot store."""
+
+    found: list[tuple[Unpicklable, str]] = field(default_factory=list)  # (what, attribute)
+    # `__init__` parameters stored on self as they are: parameter -> attribute
+    params: dict[str, str] = field(default_factory=dict)
+
+
+def stored_on_self(ctx: FileContext, cls: ast.ClassDef) -> Stored:
+    """The lambdas and local functions `cls`'s methods assign to `self` attributes, and
+    the constructor parameters `__init__` stores (a caller's lambda for one ends up
+    on the object)."""
+    stored = Stored()
+    for method in cls.body:
+        if not isinstance(method, ast.FunctionDef):
+            continue
+        finder = Finder(ctx, method)
+        params = {a.arg for a in (*method.args.args, *method.args.kwonlyargs)}
+        for node in statements(method):
+            if not isinstance(node, ast.Assign):
+                continue
+            for attr, value in _attribute_values(node):
+                stored.found += [(u, attr) for u in finder.find(value, node.lineno)]
+                if method.name == "__init__" and isinstance(value, ast.Name) and value.id in params:
+                    stored.params[value.id] = attr
+    return stored
+
+
+def _attribute_values(node: ast.Assign) -> list[tuple[str, ast.expr]]:
+    """(attribute, value) for each `self.attribute` the assignment sets: `self.a = v`,
+    and each element of `self.a, self.b = v, w`."""
+    found: list[tuple[str, ast.expr]] = []
+    for target in node.targets:
+        attr = self_attribute(target)
+        if attr is not None:
+            found.append((attr, node.value))
+        elif (
+            isinstance(target, ast.Tuple)
+            and isinstance(node.value, ast.Tuple)
+            and len(target.elts) == len(node.value.elts)
+        ):
+            for element, value in zip(target.elts, node.value.elts, strict=True):
+                attr = self_attribute(element)
+                if attr is not None:
+                    found.append((attr, value))
+    return found[:1] if len(node.targets) > 1 else found

@@ -5,28 +5,25 @@ import os
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
+from torchdoctor.check.analysis.file_loops import project_file
+from torchdoctor.check.analysis.library_package import library_package
 from torchdoctor.check.analysis.module_pickles import module_pickles, reaches
 from torchdoctor.check.analysis.scope_index import calls_on_lines
-from torchdoctor.check.context import child_statements
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._unpicklable import Finder, Unpicklable
+from torchdoctor.check.rules._unpicklable import (
+    Finder,
+    Unpicklable,
+    statements,
+    stored_on_self,
+)
 
 # Methods by which a class controls how pickle stores its objects.
 _PICKLE_HOOKS = frozenset({"__getstate__", "__setstate__", "__reduce__", "__reduce_ex__"})
 
 
-def _statements(node: ast.Module | ast.FunctionDef) -> Iterator[ast.stmt]:
-    """Every statement under `node`, nested functions' and classes' too (what a walk of
-    the tree finds of classes and assignments, without visiting any expression)."""
-    todo = list(node.body)
-    while todo:
-        stmt = todo.pop()
-        yield stmt
-        todo.extend(child_statements(stmt))
-
-
 class UnpicklableModuleAttribute(Rule):
-    """A lambda or local function stored on an `nn.Module` that the program pickles whole.
+    """A lambda or local function stored on an `nn.Module` that is pickled whole.
 
     ## What it does
     In a file that pickles whole modules -- `torch.save(model, ...)`, `torch.save(self,
@@ -40,16 +37,32 @@ class UnpicklableModuleAttribute(Rule):
     `__reduce__`) for one class of a family: its other classes that share a base of the
     project (and define no hook of their own) are pickled too.
 
-    Files that pickle no whole module are left alone: a lambda on a module whose
-    `state_dict()` is saved is harmless.
+    The same, with no pickling in sight, for the module classes of a package the project
+    distributes -- a library: the project has packaging metadata (`setup.py`, a
+    `pyproject.toml` with a `[project]` or `[tool.poetry]` table, a `setup.cfg` with
+    `[metadata]`/`[options]`) beside the top package, and the file lies in that package
+    (every folder up to it holds an `__init__.py`; not under `tests/`, `examples/`,
+    `scripts/`, `benchmarks/`, `docs/`). A library's users pickle its models whole in
+    code the library never sees: `torch.save(model)`, a `multiprocessing` spawn that
+    sends the model to its processes, Lightning's `ddp_spawn`, frameworks that save
+    whole models; the library cannot know they will not. A class that writes its own
+    pickling hooks is left alone (they may drop what pickle cannot store).
+    There, a module-level lambda of the library (`sparsemoid = lambda x: ...`) is
+    found too when a module class of a file beside it stores it as the default of a
+    constructor parameter (`def __init__(self, fn=sparsemoid): self.fn = fn`).
+
+    Other files that pickle no whole module are left alone: a lambda on an
+    application's module whose `state_dict()` is saved is harmless.
 
     ## Why is this bad?
     Pickling a module pickles its `__dict__`, attributes included, and pickle cannot
     store a lambda or a local function: `torch.save(model, path)` fails with
     `AttributeError: Can't pickle local object 'Net.__init__.<locals>.<lambda>'`
     (or `PicklingError: Can't pickle <function <lambda>>`) -- typically at the end of
-    the first epoch, when the first checkpoint is written. On by default: with the
-    whole-model save in the same file, it always fails.
+    the first epoch, when the first checkpoint is written -- or, for a library's model,
+    in its users' programs, where the fix is not theirs to make. On by default: with
+    the whole-model save in the program, or a library shipping the module, it fails as
+    soon as the module is pickled.
 
     ## Example
     ```python
@@ -85,15 +98,22 @@ class UnpicklableModuleAttribute(Rule):
     name = "unpicklable-module-attribute"
     category = "checkpoint"
     severity = Severity.ERROR
-    triggers: ClassVar[tuple[str, ...]] = ("lambda",)
+    # a lambda, or a function defined inside a method (two indentation levels deep)
+    triggers: ClassVar[tuple[str, ...]] = ("lambda", "        def ", "\t\tdef ")
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._reported: set[int] = set()  # the nodes reported (ids)
 
     def finish(self) -> None:
         saved = next(iter(module_pickles(self.ctx)), None)
         families = self._pickled_families()
         elsewhere = self._project_pickles() if saved is None else {}
         if saved is None and not families and not elsewhere:
+            self._lambdas_stored_beside()
+        if not self.ctx.holds("class"):
             return
-        for cls in _statements(self.ctx.tree):
+        for cls in statements(self.ctx.tree):
             if not isinstance(cls, ast.ClassDef):
                 continue
             if saved is not None and self.ctx.is_module_class(cls):
@@ -103,35 +123,17 @@ class UnpicklableModuleAttribute(Rule):
                 )
             elif cls.name in families:
                 why = families[cls.name]
-            elif elsewhere and self.ctx.is_module_class(cls):
-                why = elsewhere.get(cls.name) or elsewhere.get("", "")
+            elif self.ctx.is_module_class(cls):
+                why = elsewhere.get(cls.name) or elsewhere.get("", "") or self._shipped(cls)
                 if not why:
                     continue
             else:
                 continue
-            stored_params: dict[str, str] = {}  # constructor parameter -> attribute
-            for method in cls.body:
-                if not isinstance(method, ast.FunctionDef):
-                    continue
-                finder = Finder(self.ctx, method)
-                params = {a.arg for a in (*method.args.args, *method.args.kwonlyargs)}
-                for node in _statements(method):
-                    if not isinstance(node, ast.Assign):
-                        continue
-                    attrs = [_self_attribute(t) for t in node.targets]
-                    attr = next((a for a in attrs if a), None)
-                    if attr is None:
-                        continue
-                    for u in finder.find(node.value, node.lineno):
-                        self._report(u, f"`self.{attr}` of `{cls.name}`", why)
-                    if (
-                        method.name == "__init__"
-                        and isinstance(node.value, ast.Name)
-                        and node.value.id in params
-                    ):
-                        stored_params[node.value.id] = attr
-            if stored_params:
-                self._constructor_arguments(cls, stored_params, why)
+            stored = stored_on_self(self.ctx, cls)
+            for u, attr in stored.found:
+                self._report(u, f"`self.{attr}` of `{cls.name}`", why)
+            if stored.params:
+                self._constructor_arguments(cls, stored.params, why)
 
     def _project_pickles(self) -> dict[str, str]:
         """Module class ("" for any) -> why, from the whole-module pickles of the project's
@@ -153,6 +155,59 @@ class UnpicklableModuleAttribute(Rule):
                 else f"{place} pickles whole models of this project",
             )
         return found
+
+    def _lambdas_stored_beside(self) -> None:
+        """This library file's module-level lambdas (`sparsemoid = lambda x: ...`) that a
+        module class of a file beside it (same folder) takes as the default of a
+        constructor parameter it stores (`def __init__(self, fn=sparsemoid): self.fn =
+        fn`, `sparsemoid` imported from here): every default-built module holds it."""
+        lambdas: dict[str, ast.expr] = {
+            target.id: stmt.value
+            for stmt in self.ctx.tree.body
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Lambda)
+            for target in stmt.targets
+            if isinstance(target, ast.Name)
+        }
+        if not lambdas or not self.ctx.path or library_package(self.ctx) is None:
+            return
+        here = os.path.abspath(self.ctx.path)
+        stem = os.path.splitext(os.path.basename(here))[0]
+        for path in sorted(self.ctx.project.paths):
+            other = os.path.abspath(path)
+            if other == here or os.path.dirname(other) != os.path.dirname(here):
+                continue
+            if not _mentions(path, stem, lambdas):
+                continue
+            loaded = project_file(self.ctx, path)
+            if loaded is None or library_package(loaded.ctx) is None:
+                continue
+            for name, cls, param, attr, line in _stored_defaults(loaded.ctx, stem, lambdas):
+                where = f"`{cls}` ({self._relative(path)} line {line})"
+                self._report(
+                    Unpicklable(lambdas[name], f"`{name}`, a lambda,"),
+                    f"`self.{attr}` by {where}, the default of its `{param}`",
+                    self._shipped_why(cls, loaded.ctx),
+                )
+
+    def _shipped(self, cls: ast.ClassDef) -> str:
+        """Why `cls` is pickled when the project shows no pickling: it is a module of a
+        package the project distributes (a library), whose users pickle models whole in
+        code the library never sees; "" otherwise, or when the class writes its own
+        pickling hooks (they may drop what pickle cannot store)."""
+        if any(isinstance(m, ast.FunctionDef) and m.name in _PICKLE_HOOKS for m in cls.body):
+            return ""
+        return self._shipped_why(cls.name, self.ctx)
+
+    def _shipped_why(self, cls: str, ctx: FileContext) -> str:
+        library = library_package(ctx)
+        if library is None:
+            return ""
+        return (
+            f"`{cls}` is a module of the package `{library.package}` that "
+            f"`{library.metadata}` distributes: the library's users pickle its modules "
+            "whole (`torch.save(model)`, multiprocessing spawn, checkpoints) in code the "
+            "library does not see"
+        )
 
     def _relative(self, path: str) -> str:
         root = self.ctx.project.root
@@ -207,6 +262,10 @@ class UnpicklableModuleAttribute(Rule):
                     self._report(u, f"`self.{attr}` of `{call.func.id}`", why)
 
     def _report(self, u: Unpicklable, where: str, why: str) -> None:
+        # `self.tail = Wrap(fn)` stores `fn` twice (as `tail`'s and as `Wrap`'s): once
+        if id(u.node) in self._reported:
+            return
+        self._reported.add(id(u.node))
         self.report(
             u.node,
             f"{u.what} stored as {where}, and {why}: pickle cannot store it "
@@ -245,11 +304,36 @@ def _inheriting(tree: ast.Module, cls: ast.ClassDef) -> set[str]:
     return names
 
 
-def _self_attribute(target: ast.expr) -> str | None:
-    if (
-        isinstance(target, ast.Attribute)
-        and isinstance(target.value, ast.Name)
-        and target.value.id == "self"
-    ):
-        return target.attr
-    return None
+def _mentions(path: str, stem: str, names: dict[str, ast.expr]) -> bool:
+    """Whether the file's text names the module `stem` and one of `names` (a cheap
+    gate before parsing it)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return False
+    return stem in text and any(name in text for name in names)
+
+
+def _stored_defaults(
+    ctx: FileContext, stem: str, names: dict[str, ast.expr]
+) -> Iterator[tuple[str, str, str, str, int]]:
+    """(name, class, parameter, attribute, line) for each module class of `ctx` whose
+    `__init__` stores a parameter whose default is one of `names`, imported from the
+    module `stem`."""
+    for cls in ctx.tree.body:
+        if not isinstance(cls, ast.ClassDef) or not ctx.is_module_class(cls):
+            continue
+        init = next(
+            (m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None
+        )
+        if init is None:
+            continue
+        finder = Finder(ctx, init)
+        for param, attr in stored_on_self(ctx, cls).params.items():
+            default = finder.default(param)
+            if not (isinstance(default, ast.Name) and default.id in names):
+                continue
+            target = ctx.imports.get(default.id, "")
+            if target.rsplit(".", 2)[-2:] == [stem, default.id]:
+                yield default.id, cls.name, param, attr, default.lineno

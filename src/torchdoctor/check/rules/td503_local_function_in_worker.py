@@ -6,10 +6,13 @@ from typing import ClassVar
 from torchdoctor.check.analysis.scope_index import own_calls
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.rules._shipped_datasets import shipped_datasets
 from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, local_functions
 
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 _FORK = frozenset({"fork"})
+# Text of a lambda or of a function defined inside a method (two indentation levels).
+_UNPICKLABLE_WORDS = ("lambda", "        def ", "\t\tdef ")
 
 
 class LocalFunctionInWorker(Rule):
@@ -25,6 +28,13 @@ class LocalFunctionInWorker(Rule):
     bound to any of these, or stored on `self` by a Dataset class of the same file.
     Stays quiet when the loader or the program asks for the `fork` start method
     (`multiprocessing_context="fork"`, `set_start_method("fork")`).
+
+    Also, with no loader in sight, the torch `Dataset` classes of a package the project
+    distributes (a library: see TD405 for how the package is told) that hold a lambda or
+    local function: stored on `self` by their own methods, or given to their constructor
+    (for a parameter `__init__` stores) by a public function of the file that returns
+    the dataset (`return _Lazy(lambda: self._read(path))`). A library's users put its
+    datasets in their own DataLoaders with workers, where the library cannot see.
 
     ## Why is this bad?
     Under the `spawn` and `forkserver` start methods, each worker receives the dataset,
@@ -66,11 +76,18 @@ class LocalFunctionInWorker(Rule):
     name = "local-function-in-worker"
     category = "data"
     severity = Severity.ERROR
-    triggers: ClassVar[tuple[str, ...]] = ("num_workers",)
+    triggers: ClassVar[tuple[str, ...]] = ("num_workers", "Dataset")
 
     def finish(self) -> None:
         if self._forks_program():
             return
+        if self.ctx.holds("num_workers"):
+            self._loaders()
+        if any(self.ctx.holds(word) for word in _UNPICKLABLE_WORDS):
+            shipped_datasets(self.ctx, self._report_shipped)
+
+    def _loaders(self) -> None:
+        """The DataLoaders with workers the file builds, and what they are given."""
         for scope in walk(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
@@ -189,6 +206,15 @@ class LocalFunctionInWorker(Rule):
                             Unpicklable(node.value, f"the local function `{node.value.id}`")
                         )
         return found
+
+    def _report_shipped(self, u: Unpicklable, where: str) -> None:
+        self.report(
+            u.node,
+            f"{u.what} {where}: a DataLoader with workers gets the dataset pickled under the "
+            "spawn/forkserver start method (Windows, macOS, Linux from Python 3.14), and "
+            "pickle cannot store it (`Can't pickle local object`)",
+            hint="use a function defined at module level (or `functools.partial` of one)",
+        )
 
     def _report(self, loader: ast.Call, u: Unpicklable, role: str) -> None:
         self.report(
