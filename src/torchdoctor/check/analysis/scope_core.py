@@ -222,9 +222,7 @@ class ScopeCore:
         env = self.env
         if env is None:
             return
-        self._first.setdefault(key, self._tick)
-        self._last[key] = self._tick
-        self._tick += 1
+        self._touch(key)
         if "." in key:
             if self.self_name and key.startswith(self.self_name + ".") and value.fresh:
                 value = dataclasses.replace(value, fresh=False)  # registered on self
