@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from torchdoctor.check.analysis.events import Event, if_branches_within
 from torchdoctor.check.analysis.path_guards import TRUTHY, conds_of
-from torchdoctor.check.analysis.syntax import bound_keys, dotted
+from torchdoctor.check.analysis.syntax import bound_keys, dotted, encloses
 from torchdoctor.check.context import walk
 
 
@@ -28,7 +28,7 @@ def single_pass_guard(event: Event, loop: ast.AST, extra: Sequence[ast.AST] = ()
         return None
     for b in if_branches_within(event, loop):
         assert isinstance(b.node, ast.If)
-        in_loop = _within(b.node, loop)
+        in_loop = encloses(loop, b.node)
         for cond in conds_of(b.node.test, b.label == "body"):
             if cond.subject not in counters:
                 continue
@@ -80,8 +80,3 @@ def loop_counters(loop: ast.AST, event: Event, extra: Sequence[ast.AST] = ()) ->
                 assigned[key] = assigned.get(key, 0) + 1
     # each copy is made once (the statement above); the counter is never reassigned
     return {n for n in found if assigned.get(n, 0) == (0 if n == counter else 1)}
-
-
-def _within(node: ast.AST, outer: ast.AST) -> bool:
-    start, end = getattr(outer, "lineno", 0), getattr(outer, "end_lineno", 0) or 0
-    return start <= getattr(node, "lineno", -1) <= end and any(n is node for n in walk(outer))

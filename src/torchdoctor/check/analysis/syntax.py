@@ -38,6 +38,12 @@ def last_part(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 
 
+def encloses(outer: ast.AST, node: ast.AST) -> bool:
+    """Whether `node` is `outer` or lies inside it (its lines first: most are not)."""
+    start, end = getattr(outer, "lineno", 0), getattr(outer, "end_lineno", 0) or 0
+    return start <= getattr(node, "lineno", -1) <= end and any(n is node for n in walk(outer))
+
+
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
 

@@ -21,7 +21,7 @@ from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
 from torchdoctor.check.analysis.inline_events import inlined_events_with
 from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.analysis.pass_guards import single_pass_guard
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import dotted, encloses
 from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 
@@ -230,7 +230,7 @@ class MissingZeroGrad(Rule):
                 dotted(t) == optimizer for t in node.targets
             ):
                 continue
-            if _inside(node, fi.node):
+            if encloses(fi.node, node):
                 return False  # a fresh optimizer on every call
             value = node.value
             name = self.ctx.qualname(value.func) if isinstance(value, ast.Call) else None
@@ -344,10 +344,6 @@ def _calls_in_loop(fl: FileLoops, fi: FunctionInfo) -> bool:
         and fl.resolve(fi, e.node, other_files=False) is not None
         for e in fl.events(fi)
     )
-
-
-def _inside(node: ast.AST, outer: ast.AST) -> bool:
-    return any(n is node for n in walk(outer))
 
 
 def _training_loop(events: list[Event], step: Event) -> ast.AST | None:
