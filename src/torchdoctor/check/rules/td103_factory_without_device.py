@@ -16,12 +16,13 @@ from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch, Place
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
 
+_ALL_FACTORIES = FACTORIES | LEGACY_CONSTRUCTORS
 # `torch.zeros(`, `th.FloatTensor(`: how a factory call reads, whatever torch is imported as
-_FACTORY_CALLS = tuple(f".{name}(" for name in sorted(FACTORIES | LEGACY_CONSTRUCTORS))
+_FACTORY_CALLS = tuple(f".{name}(" for name in sorted(_ALL_FACTORIES))
 
 # code of a function that puts a tensor on the device itself
 _OWN_PROOF = (".to(", ".cuda(", "device=")
-_FACTORY_NAMES_CALLED = tuple(f"{name}(" for name in sorted(FACTORIES | LEGACY_CONSTRUCTORS))
+_FACTORY_NAMES_CALLED = tuple(f"{name}(" for name in sorted(_ALL_FACTORIES))
 
 _LIKE_FORM = {
     "zeros": "new_zeros",
@@ -127,7 +128,7 @@ class FactoryWithoutDevice(Rule):
             assert cls is not None
             if not devices and _runs_here(ff, cls):
                 continue  # a CPU-only script running its own model: it never meets a GPU
-            if not ff.mentions(func, *FACTORIES, *LEGACY_CONSTRUCTORS):
+            if not ff.mentions(func, *_ALL_FACTORIES):
                 makers = self._makers(ff, cls, func)
                 if not (makers and ff.mentions(func, *makers)):
                     continue
@@ -153,7 +154,7 @@ class FactoryWithoutDevice(Rule):
         a literal CPU device (`device="cpu"`)."""
         qual = self.ctx.call_name(call) or ""
         factory = qual.rsplit(".", 1)[-1]
-        if not qual.startswith("torch.") or factory not in FACTORIES | LEGACY_CONSTRUCTORS:
+        if not qual.startswith("torch.") or factory not in _ALL_FACTORIES:
             return False
         return all(k.arg not in ("device", None) or _literal_cpu(k.value) for k in call.keywords)
 
