@@ -63,6 +63,8 @@ interpreters see the per-file objects above them only through protocols):
 - `dropped_device` classes whose `__init__` device defaults to CUDA (a project fact), and
                   calls that build one without the device their function was given (TD101)
 - `torch_api`     vocabularies of torch's API: factories, device-preserving methods, layers
+- `distributions` torch.distributions objects (`Kind.DISTRIBUTION`): where their parameter
+                  tensors are; `kl_divergence(p, q)` and `d.log_prob(x)` are meetings
 - `syntax`        questions about syntax alone: dotted names, bound names, decorators
 - `interfaces`    protocols the scope interpreter and FunctionInfo see their file through
 - `scope_core` < `scope_exprs` < `scope_library` < `scope_moves` < `scope_calls` < `scope`

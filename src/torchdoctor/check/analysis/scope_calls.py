@@ -463,6 +463,8 @@ class ScopeCalls(ScopeMoves):
         kind = recv.kind
         if kind is Kind.OBJECT:
             return None  # its methods are the file's: `_same_file_callee`
+        if kind is Kind.DISTRIBUTION:
+            return self._distribution_method(node, func, recv, args)
         if method in ("to", "cuda", "cpu"):
             return self._move(node, func.value, recv, statement)
         if method == "type" and (kind is Kind.MODULE or kind in _TENSOR_KINDS):

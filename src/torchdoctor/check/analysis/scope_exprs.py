@@ -6,6 +6,7 @@ import ast
 import dataclasses
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis import distributions
 from torchdoctor.check.analysis.default_path import keep_default_side
 from torchdoctor.check.analysis.scope_core import ScopeCore
 from torchdoctor.check.analysis.syntax import _target_names, dotted
@@ -148,6 +149,8 @@ class ScopeExprs(ScopeCore):
                 return dataclasses.replace(recv, part=True)  # batch.input_ids, data.x
             if recv.output:
                 return dataclasses.replace(recv, scalar=False)  # outputs.logits
+        if kind is Kind.DISTRIBUTION and attr in distributions.TENSOR_RESULTS:
+            return distributions.result(recv)  # `d.mean`, `d.probs`
         return UNKNOWN
 
     def _eval_subscript(self, node: ast.expr) -> Value:

@@ -6,6 +6,7 @@ import ast
 import dataclasses
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis import distributions
 from torchdoctor.check.analysis.scope_exprs import ScopeExprs
 from torchdoctor.check.analysis.syntax import _is_zero, dotted
 from torchdoctor.check.analysis.torch_api import (
@@ -228,6 +229,8 @@ class ScopeLibrary(ScopeExprs):
     ) -> Value | None:
         if qual.count(".") == 1 and last in FACTORIES:
             return self._factory(node, qual, last)
+        if qual.startswith("torch.distributions."):
+            return self._distribution_function(node, last, args, keywords)
         if qual.count(".") == 1 and last in LEGACY_CONSTRUCTORS:
             # `torch.FloatTensor([n])`: on the CPU, whatever the arguments
             return Value(Kind.TENSOR, Place.CPU, name=qual, line=node.lineno, source=node)
@@ -320,6 +323,51 @@ class ScopeLibrary(ScopeExprs):
             no_dim = len(node.args) < 2 and not any(k.arg == "dim" for k in node.keywords)
             result = dataclasses.replace(result, scalar=no_dim)
         return result
+
+    def _distribution_function(
+        self,
+        node: ast.Call,
+        last: str,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+    ) -> Value | None:
+        """`Normal(mu, sigma)`: an object where its parameters are; `kl_divergence(p, q)`:
+        the parameters of both meet (analysis/distributions.py)."""
+        if last in distributions.CLASSES:
+            operands = distributions.parameters(node, args, keywords)
+            combined = self._combined([v for _, v in operands]) if operands else UNKNOWN
+            return None if combined is UNKNOWN else distributions.distribution(combined)
+        if last not in distributions.MEETING_FUNCTIONS:
+            return None
+        held = [
+            (arg_node, distributions.as_tensor(value))
+            for arg_node, value in zip(node.args, args, strict=False)
+            if value.kind is Kind.DISTRIBUTION
+        ]
+        if len(held) > 1:
+            self._meet(node, held, "torch")
+        if not held or len(held) != len(node.args):
+            return None
+        combined = self._combined([v for _, v in held])
+        return None if combined is UNKNOWN else dataclasses.replace(combined, scalar=False)
+
+    def _distribution_method(
+        self, node: ast.Call, func: ast.Attribute, recv: Value, args: list[Value]
+    ) -> Value | None:
+        """`d.log_prob(x)`: the parameters meet `x`; `d.sample()`: a tensor where they are."""
+        method = func.attr
+        if method in distributions.TENSOR_RESULTS:
+            return None if recv.place is Place.UNKNOWN else distributions.result(recv)
+        if method not in distributions.MEETING_METHODS:
+            return None
+        operands = [(func.value, distributions.as_tensor(recv))]
+        operands += [(n, v) for n, v in zip(node.args, args, strict=False) if v.tensor_like]
+        if len(operands) > 1:
+            self._meet(node, operands, "method")
+        if len(operands) != len(node.args) + 1:
+            return None
+        combined = self._combined([v for _, v in operands])
+        return None if combined is UNKNOWN else dataclasses.replace(combined, scalar=False)
 
     def _factory(self, node: ast.Call, qual: str, last: str) -> Value:
         place = Place.UNKNOWN if self._default_device else Place.CPU

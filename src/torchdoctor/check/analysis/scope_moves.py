@@ -206,7 +206,10 @@ class ScopeMoves(ScopeLibrary):
             key = dotted(receiver)
             if key is not None:
                 if moved_module:
+                    kept = self._attributes_after_move(key, after)
                     self._set(key, after)
+                    if self.env is not None:
+                        self.env.update(kept)
                 elif kind is Kind.BATCH and not recv.part and recv.moves_in_place:
                     self._set(key, after)  # `inputs.to(device)` of a BatchEncoding
                 elif kind is Kind.BATCH and not recv.part:
@@ -275,3 +278,37 @@ class ScopeMoves(ScopeLibrary):
         if self.env is not None and key in self.env:
             return self.env[key]
         return UNKNOWN
+
+    def _attributes_after_move(self, key: str, after: Value) -> dict[str, Value]:
+        """`self.x` of an nn.Module that `self.cuda()` / `self.to(device)` moves in place:
+        its submodules and parameters go with it, its plain tensors stay where they are
+        (Module.to moves parameters and buffers only), unless the class overrides
+        `_apply`/`to`/`cuda`, which may move them too."""
+        if self.env is None or key != self.self_name or self.cls is None:
+            return {}
+        if not self.ff.is_module_class(self.cls):
+            return {}
+        if _MOVING_OVERRIDES & self.ff.methods(self.cls).keys():
+            return {}
+        prefix = key + "."
+        kept: dict[str, Value] = {}
+        for k, v in self.env.items():
+            if not k.startswith(prefix) or "." in k[len(prefix) :]:
+                continue
+            if v.kind is Kind.TENSOR:
+                kept[k] = v
+            elif v.kind in (Kind.MODULE, Kind.PARAMETER):
+                kept[k] = dataclasses.replace(
+                    v,
+                    place=after.place,
+                    device=after.device,
+                    device_line=after.device_line,
+                    maybe=after.maybe,
+                    fresh=False,
+                    assumed=False,
+                )
+        return kept
+
+
+# methods through which a module's own class may move its plain tensor attributes too
+_MOVING_OVERRIDES = frozenset({"_apply", "to", "cuda", "cpu", "type"})

@@ -43,6 +43,9 @@ class Kind(enum.Enum):
     # `T(...)` put a tensor where it says; UNKNOWN place when chosen at run time between the
     # CPU and a device (`torch.cuda.FloatTensor if cuda else torch.FloatTensor`)
     TENSOR_TYPE = "tensor type"
+    # a torch.distributions object: where its parameter tensors are (`Normal(mu, sigma)`);
+    # its methods combine them with their arguments (`log_prob(x)`, `kl_divergence(p, q)`)
+    DISTRIBUTION = "distribution"
 
 
 class Place(enum.Enum):

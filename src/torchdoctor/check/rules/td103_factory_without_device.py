@@ -17,6 +17,8 @@ from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
 
 _ALL_FACTORIES = FACTORIES | LEGACY_CONSTRUCTORS
+# values whose `.device` the message cannot name (a torch.distributions object has none)
+_NO_DEVICE_ATTRIBUTE = frozenset({Kind.MODULE, Kind.DISTRIBUTION})
 # `torch.zeros(`, `th.FloatTensor(`: how a factory call reads, whatever torch is imported as
 _FACTORY_CALLS = tuple(f".{name}(" for name in sorted(_ALL_FACTORIES))
 
@@ -243,7 +245,7 @@ class FactoryWithoutDevice(Rule):
         device = m.other.device if m.other.device.endswith(".device") else ""
         if forward is None:
             device = device or m.other.device or "device"
-        if isinstance(m.other_node, ast.Name) and m.other.kind is not Kind.MODULE:
+        if isinstance(m.other_node, ast.Name) and m.other.kind not in _NO_DEVICE_ATTRIBUTE:
             device = f"{m.other_node.id}.device"  # the tensor it meets
         if not device:
             first = _first_input(forward if forward is not None else func)
