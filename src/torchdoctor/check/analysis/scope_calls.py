@@ -260,7 +260,8 @@ class ScopeCalls(ScopeMoves):
                 return Value(Kind.OBJECT, cls=func.id, line=node.lineno, source=node)
         target = self._same_file_callee(func, recv)
         if target is not None:
-            returned = self._follow_call(node, target, args, keywords)
+            on_object = recv is not None and recv.kind is Kind.OBJECT
+            returned = self._follow_call(node, target, args, keywords, on_object=on_object)
             if returned is None or returned is UNKNOWN:
                 returned = self.ff.returned_tensor(target)
             if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
@@ -275,17 +276,22 @@ class ScopeCalls(ScopeMoves):
         target: AnyFunction,
         args: list[Value],
         keywords: list[tuple[str | None, Value]],
+        *,
+        on_object: bool = False,
     ) -> Value | None:
         """Follow a call of this file's function with what it passes (when a tensor or
-        module with a known place is passed): its result, and a mismatch at the call
-        when a CPU tensor and a device tensor passed to it meet inside."""
+        module with a known place is passed, or it is a method of an object built here:
+        `agent.act(obs)` runs with what `__init__` left on `agent`): its result, and a
+        mismatch at the call when a CPU tensor and a device tensor passed to it meet inside."""
         if any(isinstance(a, ast.Starred) for a in node.args):
             return None
         params = [*target.args.posonlyargs, *target.args.args]
+        method = False
         if params and self.ff.class_of(target) is not None and not _is_static(target):
             if isinstance(node.func, ast.Name):
                 return None  # a method called by its bare name: not this function
             params = params[1:]
+            method = True
         by_name = {a.arg: a for a in [*params, *target.args.kwonlyargs]}
         passed: list[tuple[str, ast.expr, Value]] = []
         for param, arg_node, value in zip(params, node.args, args, strict=False):
@@ -293,7 +299,9 @@ class ScopeCalls(ScopeMoves):
         for kw, (name, value) in zip(node.keywords, keywords, strict=True):
             if name is not None and name in by_name:
                 passed.append((name, kw.value, value))
-        if not any(v.place is not Place.UNKNOWN for _, _, v in passed):
+        if not any(v.place is not Place.UNKNOWN for _, _, v in passed) and not (
+            method and on_object
+        ):
             return None
         arguments = {p: v for p, _, v in passed if v is not UNKNOWN}
         facts = self.ff.call_facts(target, arguments, self.depth)
@@ -301,6 +309,10 @@ class ScopeCalls(ScopeMoves):
             return None
         if self._meeting:
             self._meetings_inside(node, target, passed, facts.mismatches)
+        if on_object and method and isinstance(node.func, ast.Attribute):
+            # `self.device` inside the method is `agent.device` here
+            me = [*target.args.posonlyargs, *target.args.args][0].arg
+            return _renamed(facts.returned, me, self._text(node.func.value))
         return facts.returned
 
     def _meetings_inside(
@@ -532,6 +544,21 @@ class ScopeCalls(ScopeMoves):
         if method in ("get", "pop") and recv.element is not None:
             return recv.element
         return None
+
+
+def _renamed(value: Value, old: str, new: str) -> Value:
+    """`value` with the expressions `old.x` it names (its device, its origin) written
+    `new.x` (also inside a tuple or list it is)."""
+    changes: dict[str, object] = {}
+    if value.device.startswith(old + "."):
+        changes["device"] = new + value.device[len(old) :]
+    if f"`{old}." in value.name:
+        changes["name"] = value.name.replace(f"`{old}.", f"`{new}.")
+    if value.items:
+        changes["items"] = tuple(_renamed(v, old, new) for v in value.items)
+    if value.element is not None:
+        changes["element"] = _renamed(value.element, old, new)
+    return dataclasses.replace(value, **changes) if changes else value  # type: ignore[arg-type]
 
 
 def _is_staticmethod(func: AnyFunction) -> bool:
