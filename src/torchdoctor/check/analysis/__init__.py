@@ -38,7 +38,12 @@ construction: a call of one is followed with the arguments and `self` as they ar
 the `self.x` seeds of the other methods, hold what they make. A staticmethod called as
 `self.m(...)` only (never through the class name) is seeded from those calls; a call of a
 staticmethod through its class name (`Locator._score(a=x, b=y)`) is followed like a
-function's, with what it passes.
+function's, with what it passes. A method called on an object of a plain class
+(`agent.act(obs)`, Kind.OBJECT) runs with what `__init__` left on it; where the class is
+another project file's (`from agents import *`, `FileIndex.project_class`: a Kind.CLASS
+value a name may hold), the method is read and followed in that file
+(`FileFlow.foreign_method`, through `file_loops.project_file`: file_flow's one upward
+import, acyclic since file_loops imports no scope or flow module).
 
 Values (`values.py`): a `Value` says what an expression holds: its `Kind` (module,
 tensor, batch from a loader, loader, parameters, device, container, ...), its `Place`

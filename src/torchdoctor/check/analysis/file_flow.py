@@ -7,6 +7,8 @@ import re
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.file_index import FileIndex
+from torchdoctor.check.analysis.file_loops import project_file
+from torchdoctor.check.analysis.interfaces import ForeignMethod
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
     _ASSIGNED_ATTR,
@@ -138,6 +140,23 @@ class FileFlow(FileIndex):
             self._calls_in_progress.discard(func)
         self._call_facts[key] = found
         return found
+
+    def foreign_method(self, path: str, cls: str, name: str) -> ForeignMethod | None:
+        """Method `name` of class `cls` (or of its bases there) in the project file at
+        `path`, with that file's facts: what `agent.get_action(obs)` runs where
+        `agent = RNDAgent(...)` of another file (`project_class`)."""
+        other = project_file(self.ctx, path)
+        if other is None:
+            return None
+        flow = file_flow(other.ctx)
+        # that file's facts are shared by every file asking: each asks with a full budget,
+        # so what it is told does not depend on what was asked before
+        flow._call_budget = self.CALL_BUDGET
+        node = flow.classes.get(cls)
+        method = flow.inherited_methods(node).get(name) if node is not None else None
+        if method is None or _is_static(method):
+            return None
+        return flow, method
 
     def returned_tensor(self, func: AnyFunction) -> Value:
         """What `func` returns, when that is a tensor it made on the CPU, a tensor it puts

@@ -65,6 +65,8 @@ class FileIndex:
         self._makes_factory: dict[AnyFunction, bool] = {}
         self._module_code_text: str | None = None
         self._module_names: frozenset[str] | None = None
+        self._project_classes: dict[str, str | None] = {}  # name -> its file (project_class)
+        self._star: bool | None = None  # the file has a star import
         self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
         self._module_attrs: dict[ast.ClassDef, frozenset[str]] = {}
         self._init_helpers: dict[ast.ClassDef, frozenset[str]] = {}
@@ -301,6 +303,39 @@ class FileIndex:
         """Whether the source text of `node` contains any of `needles`."""
         text = self.text(node)
         return any(n in text for n in needles)
+
+    def project_class(self, name: str) -> str | None:
+        """The file of another project file's plain class that `name` means here: bound
+        by `from agents import RNDAgent` (that module's file) or only by a star import
+        (`from agents import *`, the name bound nowhere in this file), and defined in
+        that one file of the project. None: not known to be one."""
+        if not name[:1].isupper() or name in self.classes:
+            return None
+        if name not in self._project_classes:
+            self._project_classes[name] = self._project_class(name)
+        return self._project_classes[name]
+
+    def _project_class(self, name: str) -> str | None:
+        qual = self.ctx.imports.get(name)
+        if qual is not None:
+            module, _, last = qual.lstrip(".").rpartition(".")
+            tail = "/" + module.replace(".", "/")
+        elif self._star_import() and not self.module_assigns(name):
+            last, tail = name, ""
+        else:
+            return None
+        paths = self.project.class_files.get(last, ())
+        if len(paths) != 1 or last in self.project.module_classes:
+            return None
+        path = "/" + paths[0].replace("\\", "/")
+        if tail and not (path.endswith(tail + ".py") or path.endswith(tail + "/__init__.py")):
+            return None
+        return paths[0]
+
+    def _star_import(self) -> bool:
+        if self._star is None:
+            self._star = "import *" in self.ctx.source
+        return self._star
 
     def module_assigns(self, name: str) -> bool:
         """Whether module-level code assigns `name` (imports and defs do not count).

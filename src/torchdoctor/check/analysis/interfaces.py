@@ -38,6 +38,12 @@ class FileFacts(Protocol):
     def call_facts(
         self, func: AnyFunction, arguments: Env, depth: int, attributes: Env | None = None
     ) -> CallFacts | None: ...
+    def project_class(self, name: str) -> str | None: ...
+    def foreign_method(self, path: str, cls: str, name: str) -> ForeignMethod | None: ...
+
+
+# a method of a class of another file: that file's facts, and the method
+ForeignMethod = tuple["FileFacts", AnyFunction]
 
 
 class FileWords(Protocol):

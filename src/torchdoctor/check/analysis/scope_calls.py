@@ -23,7 +23,7 @@ from torchdoctor.check.analysis.values import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from torchdoctor.check.analysis.interfaces import FileFacts
 
 
 class ScopeCalls(ScopeMoves):
@@ -229,6 +229,9 @@ class ScopeCalls(ScopeMoves):
                 result = self._move(node, func.value, recv, statement)
                 if result is not None:
                     return result
+        if callee.kind is Kind.CLASS:
+            # an instance of another file's class: its methods are read there
+            return Value(Kind.OBJECT, cls=callee.cls, where=callee.where, line=node.lineno)
         if callee.kind is Kind.TENSOR_TYPE:
             # `Tensor(...)` of a legacy type held in a name: where the type puts it
             maybe = callee.place is Place.UNKNOWN
@@ -258,6 +261,13 @@ class ScopeCalls(ScopeMoves):
             cls = self.ff.classes.get(func.id)
             if cls is not None and not self.ff.is_module_class(cls):
                 return Value(Kind.OBJECT, cls=func.id, line=node.lineno, source=node)
+        if recv is not None and recv.kind is Kind.OBJECT and recv.where:
+            foreign = self.ff.foreign_method(recv.where, recv.cls, func.attr)  # type: ignore[attr-defined]
+            if foreign is None:
+                return UNKNOWN
+            owner, defined = foreign
+            returned = self._follow_call(node, defined, args, keywords, on_object=True, owner=owner)
+            return returned or UNKNOWN
         target = self._same_file_callee(func, recv)
         if target is not None:
             on_object = recv is not None and recv.kind is Kind.OBJECT
@@ -278,6 +288,7 @@ class ScopeCalls(ScopeMoves):
         keywords: list[tuple[str | None, Value]],
         *,
         on_object: bool = False,
+        owner: FileFacts | None = None,
     ) -> Value | None:
         """Follow a call of this file's function with what it passes (when a tensor or
         module with a known place is passed, or it is a method of an object built here:
@@ -287,7 +298,8 @@ class ScopeCalls(ScopeMoves):
             return None
         params = [*target.args.posonlyargs, *target.args.args]
         method = False
-        if params and self.ff.class_of(target) is not None and not _is_static(target):
+        facts_of = owner or self.ff  # the file `target` is in
+        if params and facts_of.class_of(target) is not None and not _is_static(target):
             if isinstance(node.func, ast.Name):
                 return None  # a method called by its bare name: not this function
             params = params[1:]
@@ -304,7 +316,7 @@ class ScopeCalls(ScopeMoves):
         ):
             return None
         arguments = {p: v for p, _, v in passed if v is not UNKNOWN}
-        facts = self.ff.call_facts(target, arguments, self.depth)
+        facts = facts_of.call_facts(target, arguments, self.depth)
         if facts is None:
             return None
         if self._meeting:

@@ -176,6 +176,14 @@ class ScopeCore:
             return env[name]
         return self.global_value(name, name)
 
+    def _is_local(self, name: str) -> bool:
+        """`name` is bound in this function (whatever it holds at this point)."""
+        if isinstance(self.node, ast.Module):
+            return self.ff.module_assigns(name)
+        if self._locals is None:
+            self._locals = _local_names(self.node)
+        return name in self._locals
+
     def global_value(self, root: str, key: str) -> Value:
         """The module-level value of `key` (a name or `name.attr`), if `root` is not local."""
         if isinstance(self.node, ast.Module):

@@ -67,7 +67,11 @@ class ScopeExprs(ScopeCore):
         assert isinstance(node, ast.Name)
         held = self.lookup(node.id)
         if held is UNKNOWN and node.id in self.ctx.imports:
-            return self._legacy_type(node)  # `from torch.cuda import FloatTensor`
+            held = self._legacy_type(node)  # `from torch.cuda import FloatTensor`
+        if held is UNKNOWN and node.id[:1].isupper():
+            path = self.ff.project_class(node.id)
+            if path is not None and not self._is_local(node.id):
+                return Value(Kind.CLASS, cls=node.id, where=path)  # of `from agents import *`
         return held
 
     def _eval_constant(self, node: ast.expr) -> Value:

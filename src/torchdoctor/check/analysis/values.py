@@ -46,6 +46,9 @@ class Kind(enum.Enum):
     # a torch.distributions object: where its parameter tensors are (`Normal(mu, sigma)`);
     # its methods combine them with their arguments (`log_prob(x)`, `kl_divergence(p, q)`)
     DISTRIBUTION = "distribution"
+    # a plain class another file of the project defines (`where`: that file), held by a
+    # name (`agent = RNDAgent`); calling it gives an OBJECT whose methods are that file's
+    CLASS = "class"
 
 
 class Place(enum.Enum):
