@@ -28,7 +28,7 @@ from torchdoctor.check.analysis.grad_hooks import clamping_hooks, may_register_c
 from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value
 from torchdoctor.check.analysis.wraps import wrapped_arguments
-from torchdoctor.check.context import FileContext, walk_lines
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import as_lf
 from torchdoctor.check.project import (
     CLASS_HEADER,
@@ -38,6 +38,7 @@ from torchdoctor.check.project import (
     WrappedFacts,
     scan_classes,
 )
+from torchdoctor.check.tree_walk import walk_lines
 
 # A call that hands a loader to a function: `evaluate(model, val_loader)`.
 _LOADER_ARGUMENT = re.compile(r"\w\s*\([^()\r\n]*(?:loader|Loader|_dl\b)")

@@ -16,9 +16,9 @@ from torchdoctor.check.analysis.wraps import (
     own_statements,
     parameter_slots,
 )
-from torchdoctor.check.context import walk
 from torchdoctor.check.project import WrappedFacts
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 _WRAPPER_WORDS = ("DataParallel", "DDP")
 
