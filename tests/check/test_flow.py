@@ -606,3 +606,27 @@ def test_methods_of_instances_of_the_files_plain_classes_are_followed() -> None:
     assert seed.kind is Kind.TENSOR and seed.place is Place.CPU
     (recommend,) = [f for f in ff.functions() if f.name == "recommend"]
     assert value_of(ff.scope(recommend), "self.ranker").kind is Kind.OBJECT
+
+
+# -- torch.distributions objects --------------------------------------------------------
+
+
+def test_a_distribution_is_where_its_parameter_tensors_are() -> None:
+    sc = scope(
+        """
+        def prior(x):
+            d = torch.distributions.Normal(torch.zeros(3), 1.0)
+            draw = d.sample()
+            standard = torch.distributions.Normal(0.0, 1.0)
+            q = torch.distributions.Normal(x.to(device), 1.0)
+            return torch.distributions.kl_divergence(q, d)
+        """,
+        "prior",
+    )
+    d = value_of(sc, "d")
+    assert d.kind is Kind.DISTRIBUTION and d.place is Place.CPU
+    draw = value_of(sc, "draw")
+    assert draw.kind is Kind.TENSOR and draw.place is Place.CPU
+    assert value_of(sc, "standard") is UNKNOWN  # numbers only: 0-dim CPU parameters
+    assert value_of(sc, "q").place is Place.DEVICE
+    assert [sc.ctx.segment(m.cpu_node) for m in sc.mismatches] == ["d"]
