@@ -229,9 +229,6 @@ class ScopeCalls(ScopeMoves):
                 result = self._move(node, func.value, recv, statement)
                 if result is not None:
                     return result
-        if callee.kind is Kind.CLASS:
-            # an instance of another file's class: its methods are read there
-            return Value(Kind.OBJECT, cls=callee.cls, where=callee.where, line=node.lineno)
         if callee.kind is Kind.TENSOR_TYPE:
             # `Tensor(...)` of a legacy type held in a name: where the type puts it
             maybe = callee.place is Place.UNKNOWN
@@ -248,6 +245,10 @@ class ScopeCalls(ScopeMoves):
             result = self._known_function(node, qual, args, keywords)
             if result is not None:
                 return result
+        if callee.kind is Kind.CLASS:
+            # an instance of another file's class (no dataset, module, ... the library
+            # knows by name): its methods are read there
+            return Value(Kind.OBJECT, cls=callee.cls, where=callee.where, line=node.lineno)
         if callee.kind is Kind.MODULE or (
             callee.kind is Kind.UNKNOWN and callee.place is Place.DEVICE
         ):
