@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from torchdoctor.check.analysis.torch_api import LIBRARY_MODULE_BASES
 from torchdoctor.check.analysis.values import Passed, Value
 from torchdoctor.check.lines import as_lf
 
@@ -36,9 +37,10 @@ _TORCH_NN_PREFIXES = ("nn.", "torch.nn.")
 
 
 def _base_is_torch_module(base: str) -> bool:
-    """`nn.Linear`, `torch.nn.Module`, `Module`: a torch.nn layer (capitalised name)."""
+    """`nn.Linear`, `torch.nn.Module`, `Module`: a torch.nn layer (capitalised name); or
+    a module class of another library, named in full (`allennlp.models.Model`)."""
     last = base.rsplit(".", 1)[-1]
-    if last in KNOWN_MODULE_BASES:
+    if last in KNOWN_MODULE_BASES or base in LIBRARY_MODULE_BASES:
         return True
     return base.startswith(_TORCH_NN_PREFIXES) and last[:1].isupper()
 
