@@ -18,6 +18,7 @@ from torchdoctor.check.analysis.values import (
     UNKNOWN,
     Env,
     Kind,
+    Place,
     ScopeNode,
     Value,
     _container_add,
@@ -31,6 +32,14 @@ from torchdoctor.check.context import (
 
 if TYPE_CHECKING:
     pass
+
+# what a loop's second iteration can newly meet: tensors and modules on a known place
+_CARRIED = frozenset({Kind.TENSOR, Kind.BATCH, Kind.MODULE})
+
+
+def _place_of(env: Env, key: str) -> Place:
+    held = env.get(key)
+    return Place.UNKNOWN if held is None else held.place
 
 
 class ScopeFlow(ScopeCalls):
@@ -260,6 +269,8 @@ class ScopeFlow(ScopeCalls):
                 for cont in _frame.continues:
                     new_head = join_env(new_head, cont)
                 assert new_head is not None
+                if n == 0 and meeting:
+                    self._second_pass(entry, end, _frame, body, target, element, test)
                 if new_head == head:
                     break
                 head = new_head
@@ -273,6 +284,40 @@ class ScopeFlow(ScopeCalls):
         self._exec_block(orelse)
         for brk in frame.breaks:
             self.env = join_env(self.env, brk) if self.env is not None else dict(brk)
+
+    def _second_pass(
+        self,
+        entry: Env,
+        end: Env | None,
+        frame: _LoopFrame,
+        body: list[ast.stmt],
+        target: ast.expr | None,
+        element: Value,
+        test: ast.expr | None,
+    ) -> None:
+        """Meetings of the loop's second iteration, run from the state the first one
+        leaves (not joined with the state before the loop): `m = torch.zeros(n,
+        device=d)` before the loop and `m = torch.FloatTensor(...)` at its end give a
+        CPU `m` on every iteration after the first, which the fixpoint joins to unknown.
+        Run only when the first iteration leaves some tensor or module on a known place
+        it did not have before the loop (what a second iteration can newly meet)."""
+        second = end
+        for cont in frame.continues:
+            second = join_env(second, cont)
+        if not second or not any(
+            v.place is not Place.UNKNOWN
+            and v.kind in _CARRIED
+            and _place_of(entry, k) is not v.place
+            for k, v in second.items()
+        ):
+            return
+        before = dict(self._mismatches)
+        self._loop_pass(second, body, target, element, test)
+        for key, m in self._mismatches.items():
+            if key in before:
+                self._mismatches[key] = before[key]  # the first iteration's meeting stands
+            elif not m.later:
+                self._mismatches[key] = dataclasses.replace(m, later=True)
 
     def _loop_pass(
         self,

@@ -220,6 +220,7 @@ class Mismatch:
     path: str = ""  # for "call": where, inside the callee, they meet
     callee: ast.AST | None = None  # for "call": the function they meet in
     inner: Mismatch | None = None  # for "call": the meeting inside the callee
+    later: bool = False  # met on a loop's second iteration (a value the first one rebinds)
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,8 @@ class BatchNotMoved(Rule):
             message = f"{what}{dropped} {verb_meet} `{target}` ({_on_device(other)}) in {where}"
         if first.path:
             message += f" ({first.path})"
+        if first.later:  # the value the previous iteration left (fine on the first one)
+            message += " on the loop's next iteration"
         if cpu.kind is Kind.BATCH:
             message += f" without `.to({device})`"
         else:
