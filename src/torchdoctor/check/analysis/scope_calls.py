@@ -293,7 +293,7 @@ class ScopeCalls(ScopeMoves):
         for kw, (name, value) in zip(node.keywords, keywords, strict=True):
             if name is not None and name in by_name:
                 passed.append((name, kw.value, value))
-        if not any(v.place is not Place.UNKNOWN for _, _, v in passed):
+        if not any(_informative(v) for _, _, v in passed):
             return None
         arguments = {p: v for p, _, v in passed if v is not UNKNOWN}
         facts = self.ff.call_facts(target, arguments, self.depth)
@@ -535,3 +535,15 @@ class ScopeCalls(ScopeMoves):
 def _is_staticmethod(func: AnyFunction) -> bool:
     """Decorated `@staticmethod` (a classmethod takes its class first)."""
     return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)
+
+
+def _informative(value: Value, depth: int = 2) -> bool:
+    """Whether a passed value tells the callee something: a known place, a loader, or a
+    container of such (`enumerate(loader)` handed to a progress-bar helper that returns
+    it, or `tqdm(it)` of it)."""
+    if value.place is not Place.UNKNOWN or value.kind is Kind.LOADER:
+        return True
+    if value.kind is not Kind.CONTAINER or depth == 0:
+        return False
+    inside = (*(value.items or ()), *((value.element,) if value.element is not None else ()))
+    return any(_informative(v, depth - 1) for v in inside)
