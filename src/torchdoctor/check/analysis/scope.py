@@ -9,6 +9,12 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.default_path import keep_default_env
 from torchdoctor.check.analysis.interfaces import FileFacts
+from torchdoctor.check.analysis.loop_passes import (
+    carries_new_place,
+    one_pass_branches,
+    runs_once,
+    stands,
+)
 from torchdoctor.check.analysis.scope_calls import ScopeCalls
 from torchdoctor.check.analysis.scope_core import _LoopFrame
 from torchdoctor.check.analysis.syntax import _is_main_guard, _is_no_grad_context, _weaken, dotted
@@ -18,7 +24,6 @@ from torchdoctor.check.analysis.values import (
     UNKNOWN,
     Env,
     Kind,
-    Place,
     ScopeNode,
     Value,
     _container_add,
@@ -32,14 +37,6 @@ from torchdoctor.check.context import (
 
 if TYPE_CHECKING:
     pass
-
-# what a loop's second iteration can newly meet: tensors and modules on a known place
-_CARRIED = frozenset({Kind.TENSOR, Kind.BATCH, Kind.MODULE})
-
-
-def _place_of(env: Env, key: str) -> Place:
-    held = env.get(key)
-    return Place.UNKNOWN if held is None else held.place
 
 
 class ScopeFlow(ScopeCalls):
@@ -270,7 +267,7 @@ class ScopeFlow(ScopeCalls):
                     new_head = join_env(new_head, cont)
                 assert new_head is not None
                 if n == 0 and meeting:
-                    self._second_pass(entry, end, _frame, body, target, element, test)
+                    self._second_pass(stmt, entry, end, _frame, body, target, element, test)
                 if new_head == head:
                     break
                 head = new_head
@@ -287,6 +284,7 @@ class ScopeFlow(ScopeCalls):
 
     def _second_pass(
         self,
+        stmt: ast.stmt,
         entry: Env,
         end: Env | None,
         frame: _LoopFrame,
@@ -296,26 +294,20 @@ class ScopeFlow(ScopeCalls):
         test: ast.expr | None,
     ) -> None:
         """Meetings of the loop's second iteration, run from the state the first one
-        leaves (not joined with the state before the loop): `m = torch.zeros(n,
-        device=d)` before the loop and `m = torch.FloatTensor(...)` at its end give a
-        CPU `m` on every iteration after the first, which the fixpoint joins to unknown.
-        Run only when the first iteration leaves some tensor or module on a known place
-        it did not have before the loop (what a second iteration can newly meet)."""
+        leaves, not joined with the state before the loop (analysis/loop_passes.py)."""
         second = end
         for cont in frame.continues:
             second = join_env(second, cont)
-        if not second or not any(
-            v.place is not Place.UNKNOWN
-            and v.kind in _CARRIED
-            and _place_of(entry, k) is not v.place
-            for k, v in second.items()
-        ):
+        if not second or not carries_new_place(entry, second) or runs_once(stmt):
             return
         before = dict(self._mismatches)
         self._loop_pass(second, body, target, element, test)
-        for key, m in self._mismatches.items():
+        skipped = one_pass_branches(stmt)
+        for key, m in list(self._mismatches.items()):
             if key in before:
                 self._mismatches[key] = before[key]  # the first iteration's meeting stands
+            elif not stands(m, skipped):
+                del self._mismatches[key]
             elif not m.later:
                 self._mismatches[key] = dataclasses.replace(m, later=True)
 
