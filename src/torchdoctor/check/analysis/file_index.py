@@ -18,13 +18,10 @@ from torchdoctor.check.analysis.syntax import (
 )
 from torchdoctor.check.analysis.torch_api import _NON_MODULE_NN
 from torchdoctor.check.analysis.values import AnyFunction, ScopeNode, Value
-from torchdoctor.check.context import (
-    FileContext,
-    child_statements,
-    walk_lines,
-)
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import line_end, line_start
 from torchdoctor.check.project import KNOWN_MODULE_BASES
+from torchdoctor.check.tree_walk import child_statements, walk_lines
 
 if TYPE_CHECKING:
     from torchdoctor.check.project import ProjectIndex
