@@ -16,7 +16,7 @@ import ast
 
 from torchdoctor.check.analysis.syntax import encloses
 from torchdoctor.check.analysis.values import Env, Kind, Mismatch, Place
-from torchdoctor.check.context import walk
+from torchdoctor.check.tree_walk import walk
 
 # what a loop's second iteration can newly meet: tensors and modules on a known place
 _CARRIED = frozenset({Kind.TENSOR, Kind.BATCH, Kind.MODULE})
