@@ -65,6 +65,9 @@ interpreters see the per-file objects above them only through protocols):
 - `torch_api`     vocabularies of torch's API: factories, device-preserving methods, layers
 - `syntax`        questions about syntax alone: dotted names, bound names, decorators
 - `interfaces`    protocols the scope interpreter and FunctionInfo see their file through
+- `loop_passes`   a loop's second iteration, run from the state the first one leaves: when
+                  it can meet something new, and which of its meetings stand (not under
+                  `if i == 0:`, not in a loop over one element)
 - `scope_core` < `scope_exprs` < `scope_library` < `scope_moves` < `scope_calls` < `scope`
                   the scope interpreter (one function or module body), one layer per job:
                   state, expressions, library calls, tensor methods and moves, calls,

@@ -20,6 +20,8 @@ from torchdoctor.check.analysis.values import (
     Place,
     Value,
     _container_add,
+    informative,
+    proven_module,
 )
 
 if TYPE_CHECKING:
@@ -260,7 +262,7 @@ class ScopeCalls(ScopeMoves):
                 return Value(Kind.OBJECT, cls=func.id, line=node.lineno, source=node)
         target = self._same_file_callee(func, recv)
         if target is not None:
-            returned = self._follow_call(node, target, args, keywords)
+            returned = self._follow_call(node, target, args, keywords, recv)
             if returned is None or returned is UNKNOWN:
                 returned = self.ff.returned_tensor(target)
             if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
@@ -275,17 +277,21 @@ class ScopeCalls(ScopeMoves):
         target: AnyFunction,
         args: list[Value],
         keywords: list[tuple[str | None, Value]],
+        recv: Value | None = None,
     ) -> Value | None:
         """Follow a call of this file's function with what it passes (when a tensor or
         module with a known place is passed): its result, and a mismatch at the call
-        when a CPU tensor and a device tensor passed to it meet inside."""
+        when a CPU tensor and a device tensor passed to it meet inside. A method of a
+        module this scope proved on the device (`policy.to(device)`, then
+        `policy.act(obs, h, masks)`) runs with that `self`: its submodules are there."""
         if any(isinstance(a, ast.Starred) for a in node.args):
             return None
         params = [*target.args.posonlyargs, *target.args.args]
+        me: ast.arg | None = None
         if params and self.ff.class_of(target) is not None and not _is_static(target):
             if isinstance(node.func, ast.Name):
                 return None  # a method called by its bare name: not this function
-            params = params[1:]
+            me, params = params[0], params[1:]
         by_name = {a.arg: a for a in [*params, *target.args.kwonlyargs]}
         passed: list[tuple[str, ast.expr, Value]] = []
         for param, arg_node, value in zip(params, node.args, args, strict=False):
@@ -293,9 +299,11 @@ class ScopeCalls(ScopeMoves):
         for kw, (name, value) in zip(node.keywords, keywords, strict=True):
             if name is not None and name in by_name:
                 passed.append((name, kw.value, value))
-        if not any(v.place is not Place.UNKNOWN for _, _, v in passed):
+        if not any(informative(v) for _, _, v in passed):
             return None
         arguments = {p: v for p, _, v in passed if v is not UNKNOWN}
+        if me is not None and recv is not None and proven_module(recv):
+            arguments[me.arg] = recv
         facts = self.ff.call_facts(target, arguments, self.depth)
         if facts is None:
             return None
@@ -326,12 +334,14 @@ class ScopeCalls(ScopeMoves):
             for name, arg_node, value in cpu:
                 if m.cpu == value or (m.cpu.source is not None and m.cpu.source is value.source):
                     line = getattr(m.site, "lineno", 0)
+                    # the argument it meets inside, when that is one passed here
+                    met = next((d for d in device if d[2] == m.other), device[0])
                     self._mismatches[(id(node), id(arg_node))] = Mismatch(
                         node,
                         arg_node,
                         value,
-                        device[0][1],
-                        device[0][2],
+                        met[1],
+                        met[2],
                         "call",
                         path=f"`{target.name}` combines its `{name}` with a tensor on the "
                         f"device (line {line})",
