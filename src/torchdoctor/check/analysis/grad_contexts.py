@@ -301,8 +301,9 @@ def may_turn_grad_off(text: str) -> bool:
     return any(w in text for w in _GRAD_OFF_WORDS)
 
 
-# `model.module.mask_net(`: a method called through a receiver other than `self`.
-_OUTSIDE_CALL = re.compile(r"(?<!\bself)\.([A-Za-z_]\w*)\s*\(")
+# `model.module.mask_net(`: a method called through a receiver other than `self` (or
+# `super()`, the class's own family).
+_OUTSIDE_CALL = re.compile(r"(?<!\bself)(?<!\bsuper\(\))\.([A-Za-z_]\w*)\s*\(")
 
 
 def outside_calls(text: str) -> frozenset[str]:
