@@ -8,19 +8,29 @@ so it outlives the step, and each step adds another graph to it."""
 from __future__ import annotations
 
 import ast
+import re
 
 from torchdoctor.check.analysis.caller_backward import argument_for, training_callers
-from torchdoctor.check.analysis.file_loops import FileLoops
+from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.kept_state import receiver_class, stored_and_kept
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.rule import Rule
 
+# `stats["loss"] = loss`: a plain name stored under a key of a plain name (any line end)
+_STORE = re.compile(
+    r"(?:^|[\r\n])[ \t]+\w+\[[^\]\r\n]+\][ \t]*=[ \t]*\w+[ \t]*(?:#[^\r\n]*)?(?=[\r\n]|\Z)"
+)
 
-def report_kept_for_callers(rule: Rule, fl: FileLoops) -> None:
+
+def report_kept_for_callers(rule: Rule) -> None:
     ctx = rule.ctx
-    if "] =" not in ctx.source or not ctx.project.class_files:
+    source = ctx.source
+    if "] =" not in source or "class " not in source or not ctx.project.class_files:
         return
+    if _STORE.search(source) is None:
+        return
+    fl = analysis(ctx)
     for fi in fl.all_functions():
         if fi.cls is None or fi.is_module:
             continue

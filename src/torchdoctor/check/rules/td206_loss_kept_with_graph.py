@@ -110,10 +110,10 @@ class LossKeptWithGraph(Rule):
         self._following = set()
         if not is_torch_file(self.ctx.source):
             return
-        fl = analysis(self.ctx)
-        report_kept_for_callers(self, fl)
+        report_kept_for_callers(self)
         if "backward" not in self.ctx.source:
             return
+        fl = analysis(self.ctx)
         helpers = any(fl.backward_params(fi) for fi in fl.all_functions())
         objects = bool(self.ctx.project.class_files) or "class " in self.ctx.source
         for fi in fl.all_functions():
