@@ -60,6 +60,8 @@ def report_kept_for_callers(rule: Rule) -> None:
                 held = dotted(argument) if argument is not None else None
                 if held is None or not held.startswith("self."):
                     continue  # an object the caller keeps: not one made for this call
+                if _reset_each_pass(caller.caller, caller.call, held):
+                    continue
                 cls = receiver_class(ctx, fi, ast.Name(id=receiver))
                 rule.report(
                     stmt,
@@ -71,6 +73,33 @@ def report_kept_for_callers(rule: Rule) -> None:
                     hint=f"store `{value}.item()` (a float) or `{value}.detach()`",
                 )
                 break
+
+
+_RESETS = frozenset({"clear", "reset", "empty", "reset_states", "zero_"})
+
+
+def _reset_each_pass(caller: FunctionInfo, call: ast.Call, held: str) -> bool:
+    """The innermost loop around `call` also empties or rebinds `held` (`self.stats =
+    Stats()`, `self.stats.clear()`): it keeps one step's values at most."""
+    loop: ast.AST | None = None
+    for node in ast.walk(caller.node):  # outer loops first: the last one found is innermost
+        if isinstance(node, ast.For | ast.AsyncFor | ast.While) and any(
+            n is call for n in ast.walk(node)
+        ):
+            loop = node
+    if loop is None:
+        return False
+    for node in ast.walk(loop):
+        if isinstance(node, ast.Assign) and any(dotted(t) == held for t in node.targets):
+            return True
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _RESETS
+            and dotted(node.func.value) == held
+        ):
+            return True
+    return False
 
 
 def _returned_names(fi: FunctionInfo) -> dict[str, set[int | None]]:
