@@ -134,6 +134,33 @@ def round_ratios(a: Timing, b: Timing) -> str:
     return f"{statistics.median(ratios):.2f}x (rounds: {shown})"
 
 
+def side_by_side(check: Sequence[str], parse: Sequence[str], runs: int) -> list[float]:
+    """check's CPU over the bare parse's, measured at the same time, one per core.
+
+    Rounds of interleaved runs still drift apart when the VM's speed changes between
+    them (the rounds of one run have spread from 3.4x to 4.7x). Here each round starts
+    one check and, beside it, runs the bare parse again and again until the check ends:
+    both see the same machine. A round's ratio is the check's CPU over the mean CPU of
+    the parses that ran beside it (the last one is waited for, and counts)."""
+    ratios = []
+    for _ in range(runs):
+        checking = subprocess.Popen(check, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        parses: list[float] = []
+        check_cpu = None
+        while check_cpu is None:
+            parsing = subprocess.Popen(parse, stdout=subprocess.DEVNULL)
+            while parsing.returncode is None:  # whichever child ends first
+                pid, status, usage = os.wait4(-1, 0)
+                cpu = usage.ru_utime + usage.ru_stime
+                if pid == checking.pid:
+                    checking.returncode, check_cpu = os.waitstatus_to_exitcode(status), cpu
+                elif pid == parsing.pid:
+                    parsing.returncode = os.waitstatus_to_exitcode(status)
+                    parses.append(cpu)
+        ratios.append(check_cpu / statistics.mean(parses))
+    return ratios
+
+
 # -- peers ------------------------------------------------------------------------------------
 def torchfix_command() -> list[str] | None:
     """benchmarks/.venv/bin/torchfix, installing it there first if needed."""
@@ -276,6 +303,11 @@ def main() -> None:
         (results["torchfix1"],) = measure(
             [(name, [*tf, "-j", "1", str(tree)], None)], args.torchfix_runs
         )
+    side: list[float] = []
+    if cores > 1:
+        print("one process each, side by side (check beside repeated bare parses):")
+        side = side_by_side([*td, "-j1"], [py, here, "--parse-files", str(list_file)], args.runs)
+        print(f"  rounds: {', '.join(f'{r:.2f}' for r in side)}")
     if cores > 1:
         print(f"{cores} processes (interleaved rounds):")
         many = measure(
@@ -304,6 +336,9 @@ def main() -> None:
           f"{ratio('td1', 'parse1', 'wall')}   (goal <= 3x)")  # fmt: skip
     print(f"  torchdoctor -j1 / bare parse, CPU round by round: "
           f"{round_ratios(results['td1'], results['parse1'])}")  # fmt: skip
+    if side:
+        print(f"  torchdoctor -j1 / bare parse, CPU side by side: {statistics.median(side):.2f}x "
+              f"(rounds: {', '.join(f'{r:.2f}' for r in side)})")  # fmt: skip
     if cores > 1:
         print(f"  torchdoctor -jN / bare parse -N: {ratio('tdN', 'parseN', 'cpu')}; "
               f"{ratio('tdN', 'parseN', 'wall')}")  # fmt: skip

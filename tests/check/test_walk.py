@@ -1,4 +1,4 @@
-"""context.walk and context.iter_children must equal ast.walk / ast.iter_child_nodes."""
+"""tree_walk.walk and tree_walk.iter_children must equal ast.walk / ast.iter_child_nodes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchdoctor.check.context import iter_children, walk
+from torchdoctor.check.tree_walk import iter_children, walk
 
 _TRICKY = """
 def f(a, *, b, c=1, **kw):  # a keyword-only argument without a default: None in kw_defaults

@@ -12,13 +12,7 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings, matches
-from torchdoctor.check.context import (
-    OPERATOR_TYPES,
-    STATEMENTS,
-    FileContext,
-    child_fields,
-    spans_a_line,
-)
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
 from torchdoctor.check.lines import NEWLINE, as_lf, split_lines
 from torchdoctor.check.parse import parse_module
@@ -26,6 +20,7 @@ from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
 from torchdoctor.check.source_text import decode_source
+from torchdoctor.check.tree_walk import OPERATOR_TYPES, STATEMENTS, child_fields, spans_a_line
 
 if TYPE_CHECKING:
     from torchdoctor.check.notebook import Notebook

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from torchdoctor.check.analysis.torch_api import LIBRARY_MODULE_BASES
 from torchdoctor.check.analysis.values import Passed, Value
 from torchdoctor.check.lines import as_lf
 
@@ -37,9 +38,10 @@ _TORCH_NN_PREFIXES = ("nn.", "torch.nn.")
 
 
 def _base_is_torch_module(base: str) -> bool:
-    """`nn.Linear`, `torch.nn.Module`, `Module`: a torch.nn layer (capitalised name)."""
+    """`nn.Linear`, `torch.nn.Module`, `Module`: a torch.nn layer (capitalised name); or
+    a module class of another library, named in full (`allennlp.models.Model`)."""
     last = base.rsplit(".", 1)[-1]
-    if last in KNOWN_MODULE_BASES:
+    if last in KNOWN_MODULE_BASES or base in LIBRARY_MODULE_BASES:
         return True
     return base.startswith(_TORCH_NN_PREFIXES) and last[:1].isupper()
 
@@ -61,6 +63,10 @@ def scan_classes(source: str) -> dict[str, list[str]]:
 
 
 GenericFacts = dict[str, tuple[tuple[str, str, int], ...]]
+# Function name -> (parameter position or keyword, the wrapped model handed there).
+WrappedFacts = dict[str, tuple[tuple[str, Passed], ...]]
+# A name followed by `(`: what a file may call (a superset; attribute calls too).
+_CALLED_NAME = re.compile(r"([A-Za-z_]\w*)\s*\(")
 
 
 @dataclass(frozen=True)
@@ -135,10 +141,15 @@ class ProjectIndex:
     # Extension modules the project builds with `CUDAExtension(...)` (its setup.py):
     # code importing one runs only with a GPU (analysis/project_facts.cuda_extensions).
     cuda_extensions: frozenset[str] = frozenset()
-    # Function name -> (parameter position or keyword, fact) for calls in the project
-    # that hand it a model wrapped in DataParallel/DDP on some path (analysis/wraps.py;
-    # TD404 asks in the file that defines the function).
-    wrapped_arguments: dict[str, tuple[tuple[str, Passed], ...]] = field(default_factory=dict)
+    # The files that may hand a model wrapped in DataParallel/DDP to a function of another
+    # file, (path, text). Each is analysed (`wrapped_build`, analysis/wraps.py) only when
+    # a file asks about a function it calls (`wrapped_arguments_for`; TD404): few ever
+    # do, and the analysis is a flow analysis of every function of the file.
+    wrapping_files: tuple[tuple[str, str], ...] = ()
+    wrapped_build: Callable[[ProjectIndex, str, str], WrappedFacts] | None = None
+    wrapped_digest: str = ""  # of the wrapping files (the cache fingerprint)
+    _wrapped: dict[str, WrappedFacts] = field(default_factory=dict, repr=False, compare=False)
+    _called: dict[str, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
     # Builds `generic_arguments` on first use: few files ever ask (TD406, for `obj: T`
     # parameters), and building means parsing every file that writes `Name[T](`.
     # A partial of a module-level function, so the index still pickles to workers.
@@ -198,6 +209,26 @@ class ProjectIndex:
             self._generic = self.generic_build() if self.generic_build is not None else {}
         return self._generic
 
+    def wrapped_arguments_for(self, names: Iterable[str]) -> WrappedFacts:
+        """Function name (of `names`) -> (parameter position or keyword, fact) for the
+        calls of the project that hand it a model wrapped on some path."""
+        wanted = set(names)
+        found: dict[str, list[tuple[str, Passed]]] = {}
+        if not wanted or self.wrapped_build is None:
+            return {}
+        for path, source in self.wrapping_files:
+            called = self._called.get(path)
+            if called is None:  # what the file may call, by name: a gate before the analysis
+                called = self._called[path] = frozenset(_CALLED_NAME.findall(source))
+            if called.isdisjoint(wanted):
+                continue
+            facts = self._wrapped.get(path)
+            if facts is None:
+                facts = self._wrapped[path] = self.wrapped_build(self, path, source)
+            for name in wanted.intersection(facts):
+                found.setdefault(name, []).extend(facts[name])
+        return {name: tuple(facts) for name, facts in found.items()}
+
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path` whose import names `path`."""
         return [
@@ -253,8 +284,8 @@ class ProjectIndex:
             text += "\nbatchnorm:" + ",".join(sorted(self.batchnorm_classes))
         if self.generic_digest:
             text += "\ngeneric:" + self.generic_digest
-        if self.wrapped_arguments:
-            text += "\nwrapped:" + repr(sorted(self.wrapped_arguments.items()))
+        if self.wrapped_digest:
+            text += "\nwrapped:" + self.wrapped_digest
         if self.cuda_defaults:
             text += "\ncuda-defaults:" + repr(sorted(self.cuda_defaults.items()))
         if self.zeroing_calls:

@@ -82,7 +82,7 @@ interpreters see the per-file objects above them only through protocols):
                   CPU elsewhere (`err.cpu().numpy()` ... `err.numpy()`)
 - `wraps`         names that may hold a model wrapped in DataParallel/DDP (on some path),
                   functions that return one, calls that hand one to a parameter (same
-                  file, and `ProjectIndex.wrapped_arguments` across files; TD404)
+                  file, and `ProjectIndex.wrapped_arguments_for` across files; TD404)
 - `gpu_gates`     code that runs only where a GPU is (skip decorators on a test or its
                   class) or needs one anyway (GPU-only packages, torch.cuda APIs)
 - `names`, `grad_contexts`, `events`, `functions`, `event_collector`: training-loop

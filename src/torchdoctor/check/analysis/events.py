@@ -9,9 +9,7 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.names import LoopNode
 from torchdoctor.check.analysis.syntax import binding_targets, dotted
-from torchdoctor.check.context import (
-    walk,
-)
+from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     pass

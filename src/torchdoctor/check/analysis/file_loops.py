@@ -20,12 +20,10 @@ from torchdoctor.check.analysis.mode_state import ModeResult, Origin, Summary
 from torchdoctor.check.analysis.modes import ModeInterpreter
 from torchdoctor.check.analysis.overrides import sole_override
 from torchdoctor.check.analysis.syntax import last_part
-from torchdoctor.check.context import (
-    FileContext,
-    walk,
-)
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import as_lf
 from torchdoctor.check.source_text import decode_source
+from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     pass

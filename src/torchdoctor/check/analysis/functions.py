@@ -8,12 +8,8 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.interfaces import FileWords
 from torchdoctor.check.analysis.names import FuncNode
-from torchdoctor.check.context import (
-    IDENTIFIER,
-    child_statements,
-    spans_a_line,
-    walk,
-)
+from torchdoctor.check.context import IDENTIFIER
+from torchdoctor.check.tree_walk import child_statements, spans_a_line, walk
 
 if TYPE_CHECKING:
     pass

@@ -21,7 +21,8 @@ import ast
 import re
 from collections.abc import Sequence
 
-from torchdoctor.check.context import FileContext, child_statements, iter_children
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.tree_walk import child_statements, iter_children
 
 # torch.cuda APIs that themselves fail without a GPU: code calling them is CUDA-only
 # by design, so a `.cuda()` next to them adds nothing. (Seeding, empty_cache and the

@@ -10,10 +10,8 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.names import FuncNode
 from torchdoctor.check.analysis.syntax import dotted, last_part
-from torchdoctor.check.context import (
-    FileContext,
-    child_fields,
-)
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.tree_walk import child_fields
 
 if TYPE_CHECKING:
     pass

@@ -23,11 +23,8 @@ from torchdoctor.check.analysis.names import (
     is_torch_file,
 )
 from torchdoctor.check.analysis.syntax import dotted, last_part
-from torchdoctor.check.context import (
-    FileContext,
-    child_statements,
-    walk,
-)
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.tree_walk import child_statements, walk
 
 if TYPE_CHECKING:
     pass

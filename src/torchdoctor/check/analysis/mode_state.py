@@ -11,10 +11,8 @@ from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.grad_contexts import _SAME_MODULE_METHODS
 from torchdoctor.check.analysis.names import LoopNode
 from torchdoctor.check.analysis.syntax import dotted, words
-from torchdoctor.check.context import (
-    FileContext,
-    child_statements,
-)
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.tree_walk import child_statements
 
 if TYPE_CHECKING:
     pass

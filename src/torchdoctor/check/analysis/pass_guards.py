@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from torchdoctor.check.analysis.events import Event, if_branches_within
 from torchdoctor.check.analysis.path_guards import TRUTHY, conds_of
 from torchdoctor.check.analysis.syntax import bound_keys, dotted, encloses
-from torchdoctor.check.context import walk
+from torchdoctor.check.tree_walk import walk
 
 
 def single_pass_guard(event: Event, loop: ast.AST, extra: Sequence[ast.AST] = ()) -> ast.If | None:

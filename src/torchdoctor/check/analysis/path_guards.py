@@ -15,7 +15,7 @@ import ast
 from dataclasses import dataclass
 
 from torchdoctor.check.analysis.syntax import dotted
-from torchdoctor.check.context import walk
+from torchdoctor.check.tree_walk import walk
 
 TRUTHY: object = object()  # Cond.value of `if flag:`: bool(subject) is `equal`
 

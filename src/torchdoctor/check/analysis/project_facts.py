@@ -30,17 +30,19 @@ from torchdoctor.check.analysis.grad_contexts import (
 )
 from torchdoctor.check.analysis.grad_hooks import clamping_hooks, may_register_clamps
 from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
-from torchdoctor.check.analysis.values import UNKNOWN, Kind, Passed, Value
+from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value
 from torchdoctor.check.analysis.wraps import wrapped_arguments
-from torchdoctor.check.context import FileContext, walk_lines
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import as_lf
 from torchdoctor.check.project import (
     CLASS_HEADER,
     CallFact,
     GenericFacts,
     ProjectIndex,
+    WrappedFacts,
     scan_classes,
 )
+from torchdoctor.check.tree_walk import walk_lines
 
 # A call that hands a loader to a function: `evaluate(model, val_loader)`.
 _LOADER_ARGUMENT = re.compile(r"\w\s*\([^()\r\n]*(?:loader|Loader|_dl\b)")
@@ -422,8 +424,10 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     index.parameter_classes = index.subclasses_of(parameters)
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)
-    if wrapping and count > 1:
-        index.wrapped_arguments = _wrapped_arguments(index, wrapping)
+    if wrapping and count > 1:  # a lone file sees its own wraps
+        index.wrapping_files = tuple(wrapping)
+        index.wrapped_build = _wrapped_arguments
+        index.wrapped_digest = _texts_digest(wrapping)
     if generic:
         names = frozenset(index.bases)
         index.generic_build = functools.partial(generic_arguments, names, tuple(generic))
@@ -484,15 +488,19 @@ def generic_arguments(classes: frozenset[str], files: Iterable[tuple[str, str]])
     return {name: tuple(sorted(facts)) for name, facts in found.items()}
 
 
-def _wrapped_arguments(
-    index: ProjectIndex, files: Iterable[tuple[str, str]]
-) -> dict[str, tuple[tuple[str, Passed], ...]]:
-    """Function name -> the models wrapped in DataParallel/DDP that `files` hand it."""
-    found: dict[str, list[tuple[str, Passed]]] = {}
-    for ctx in _contexts(index, files):
+def _wrapped_arguments(index: ProjectIndex, path: str, source: str) -> WrappedFacts:
+    """Function name -> the models wrapped in DataParallel/DDP that the file hands it."""
+    for ctx in _contexts(index, [(path, source)]):
         try:
-            for name, facts in wrapped_arguments(ctx).items():
-                found.setdefault(name, []).extend(facts)
+            return {name: tuple(facts) for name, facts in wrapped_arguments(ctx).items()}
         except RecursionError:
-            continue
-    return {name: tuple(facts) for name, facts in found.items()}
+            break
+    return {}
+
+
+def _texts_digest(files: Iterable[tuple[str, str]]) -> str:
+    """A digest of (path, text) pairs: the inputs of a project fact built on demand."""
+    digest = hashlib.sha1()
+    for path, source in files:
+        digest.update(f"\0{path}\0{source}".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()

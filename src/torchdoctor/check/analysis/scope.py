@@ -24,10 +24,7 @@ from torchdoctor.check.analysis.values import (
     join,
     join_env,
 )
-from torchdoctor.check.context import (
-    iter_children,
-    walk,
-)
+from torchdoctor.check.tree_walk import iter_children, walk
 
 if TYPE_CHECKING:
     pass

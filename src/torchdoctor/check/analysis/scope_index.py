@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import ast
 
-from torchdoctor.check.context import (
-    FileContext,
-    child_fields,
-    iter_children,
-    spans_a_line,
-    walk,
-)
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.tree_walk import child_fields, iter_children, spans_a_line, walk
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 

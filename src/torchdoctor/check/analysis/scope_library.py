@@ -26,9 +26,7 @@ from torchdoctor.check.analysis.torch_api import (
     legacy_type_place,
 )
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Place, Value
-from torchdoctor.check.context import (
-    walk,
-)
+from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     pass

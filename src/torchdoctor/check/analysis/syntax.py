@@ -10,13 +10,9 @@ from typing import TYPE_CHECKING
 from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.analysis.torch_api import _NO_GRAD_CONTEXTS, MODULE_ONLY_METHODS
 from torchdoctor.check.analysis.values import AnyFunction, Env
-from torchdoctor.check.context import (
-    FileContext,
-    iter_children,
-    offsets,
-    walk,
-)
+from torchdoctor.check.context import FileContext, offsets
 from torchdoctor.check.lines import line_start
+from torchdoctor.check.tree_walk import iter_children, walk
 
 if TYPE_CHECKING:
     pass

@@ -15,7 +15,8 @@ import re
 
 from torchdoctor.check.analysis.syntax import dotted, last_part
 from torchdoctor.check.analysis.values import Passed, Wrap
-from torchdoctor.check.context import FileContext, child_statements, iter_children, walk
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.tree_walk import child_statements, iter_children, walk
 
 WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel", "DDP"})
 # Methods that return the module they are called on (a wrapper stays a wrapper).

@@ -15,7 +15,8 @@ from torchdoctor.check.analysis.file_loops import FileLoops, sibling_file
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.path_guards import Cond, conditions_at, subjects_assigned
 from torchdoctor.check.analysis.syntax import dotted
-from torchdoctor.check.context import FileContext, walk
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.tree_walk import walk
 
 SOFTMAX = "softmax"
 

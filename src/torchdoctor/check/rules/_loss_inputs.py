@@ -13,7 +13,7 @@ from torchdoctor.check.analysis.class_calls import project_class
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.syntax import dotted
-from torchdoctor.check.context import FileContext, iter_children, spans_a_line
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rules._activation_facts import (
     LOG_SOFTMAX,
     SIGMOID,
@@ -21,6 +21,7 @@ from torchdoctor.check.rules._activation_facts import (
     assigned_calls,
 )
 from torchdoctor.check.rules._activations import activation
+from torchdoctor.check.tree_walk import iter_children, spans_a_line
 
 __all__ = ["LOG_SOFTMAX", "SIGMOID", "SOFTMAX", "activation", "loss_calls", "loss_kind"]
 

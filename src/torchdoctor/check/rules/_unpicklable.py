@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.scope_index import assignments
-from torchdoctor.check.context import FileContext, child_statements, walk
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.tree_walk import child_statements, walk
 
 # Callees that store the functions they are given: class constructors and these.
 _STORING = frozenset({"partial", "functools.partial"})

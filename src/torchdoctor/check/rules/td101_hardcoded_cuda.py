@@ -11,9 +11,9 @@ from torchdoctor.check.analysis.gpu_gates import (
     calls_cuda_only,
     imports_cuda_only_package,
 )
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._file_gate import skip_visits
+from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext

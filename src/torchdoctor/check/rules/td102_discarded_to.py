@@ -8,8 +8,8 @@ from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import dead_loop_rebinding, lines_matching
 from torchdoctor.check.analysis.values import Kind, Move, Place
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 # A statement that starts with a move: `x.to(device)`, `batch[0].cuda()`.
 _STATEMENT_MOVE = re.compile(

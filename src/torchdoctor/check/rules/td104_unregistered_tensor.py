@@ -8,8 +8,8 @@ from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Place, Value
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 
 class UnregisteredTensor(Rule):

@@ -7,8 +7,8 @@ from typing import ClassVar
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Value
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 
 class PlainModuleContainer(Rule):

@@ -5,8 +5,8 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.torch_api import PARAMETRISED_LAYERS
-from torchdoctor.check.context import iter_children, walk
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import iter_children, walk
 
 
 class ModuleCreatedInForward(Rule):

@@ -4,9 +4,9 @@ import ast
 from typing import ClassVar
 
 from torchdoctor.check.analysis.scope_index import calls_on_lines
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder
+from torchdoctor.check.tree_walk import walk
 
 _DIST = ("torch.distributed.",)
 # Collectives and the positions of their input tensor (or tensor list) arguments: the

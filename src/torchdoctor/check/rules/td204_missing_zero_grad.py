@@ -22,8 +22,8 @@ from torchdoctor.check.analysis.inline_events import inlined_events_with
 from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.analysis.pass_guards import single_pass_guard
 from torchdoctor.check.analysis.syntax import dotted, encloses
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 _OPTIMIZER_METHODS_THAT_DO_NOT_ZERO = frozenset(
     {"step", "state_dict", "load_state_dict", "add_param_group", "param_groups", "state"}

@@ -15,10 +15,10 @@ from torchdoctor.check.analysis.kept_state import kept_arguments
 from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.values import Kind
-from torchdoctor.check.context import walk
 from torchdoctor.check.lines import line_end
 from torchdoctor.check.rule import Fix, FixAvailability, Rule, Severity
 from torchdoctor.check.rules._kept_by_callers import report_kept_for_callers
+from torchdoctor.check.tree_walk import walk
 
 # Calls that give a plain number or a graph-free tensor.
 _DETACHING = frozenset({"item", "detach", "tolist", "numpy", "float", "int", "data", "cpu"})

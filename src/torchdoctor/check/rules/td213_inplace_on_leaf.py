@@ -11,8 +11,8 @@ from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_item_context
 from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.analysis.syntax import dotted
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 # Tensor methods that write into the tensor itself.
 _INPLACE = frozenset(

@@ -17,8 +17,8 @@ from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.analysis.syntax import dotted
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 _ACCELERATOR_ACCUMULATES = re.compile(r"Accelerator\([^)]*gradient_accumulation_steps\s*=")
 _SUM_REDUCTION = re.compile(r"reduction\s*=\s*['\"]sum['\"]|size_average\s*=\s*False")

@@ -10,8 +10,9 @@ from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_item_context
 from torchdoctor.check.analysis.syntax import dotted
-from torchdoctor.check.context import FileContext, walk
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 # Ops whose backward reads their own output: autograd saves the result.
 _RESULT_SAVING = frozenset(

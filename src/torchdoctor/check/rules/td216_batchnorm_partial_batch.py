@@ -7,9 +7,9 @@ from typing import ClassVar
 from torchdoctor.check.analysis.project_facts import builds_batchnorm1d
 from torchdoctor.check.analysis.scope_index import own_calls
 from torchdoctor.check.analysis.torch_api import LIBRARY
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder
+from torchdoctor.check.tree_walk import walk
 
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # DataLoader's positional parameters, in order.

@@ -5,8 +5,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext

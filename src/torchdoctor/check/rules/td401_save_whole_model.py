@@ -5,9 +5,10 @@ import re
 from typing import ClassVar
 
 from torchdoctor.check.analysis.torch_api import MODULE_ONLY_SAVED_METHODS
-from torchdoctor.check.context import FileContext, walk
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
+from torchdoctor.check.tree_walk import walk
 
 _SAVES = frozenset({"torch.save", "torch.serialization.save"})
 # Methods that return the module itself (or a converted copy of it).

@@ -6,9 +6,10 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.gpu_gates import runs_only_with_gpu
 from torchdoctor.check.analysis.names import is_test_file
-from torchdoctor.check.context import FileContext, walk
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
+from torchdoctor.check.tree_walk import walk
 
 # Loaders that unpickle with `torch.load`, and the position of their `map_location`
 # parameter: the hub's download helpers pass theirs straight to `torch.load`.

@@ -16,9 +16,9 @@ from torchdoctor.check.analysis.wraps import (
     own_statements,
     parameter_slots,
 )
-from torchdoctor.check.context import walk
+from torchdoctor.check.project import WrappedFacts
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._file_gate import has_word
+from torchdoctor.check.tree_walk import walk
 
 _WRAPPER_WORDS = ("DataParallel", "DDP")
 
@@ -80,9 +80,13 @@ class SaveWrappedStateDict(Rule):
     def finish(self) -> None:
         if "state_dict" not in self.ctx.source or is_test_file(self.ctx.path):
             return  # tests save wrapped checkpoints on purpose, to test them
-        if not any(w in self.ctx.source for w in _WRAPPER_WORDS) and not any(
-            has_word(self.ctx.source, name) for name in self.ctx.project.wrapped_arguments
-        ):
+        top = [
+            f.name
+            for f in self.ctx.tree.body
+            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+        ]
+        handed = self.ctx.project.wrapped_arguments_for(top)
+        if not handed and not any(w in self.ctx.source for w in _WRAPPER_WORDS):
             return  # nothing wraps a model here, nor hands one to a function of this file
         fw = FileWraps(self.ctx)
         plain_saves = re.search(r"\.module\.state_dict\(\)", self.ctx.source)
@@ -112,7 +116,7 @@ class SaveWrappedStateDict(Rule):
                     and not wrap.key.startswith("self.")  # which method runs first? unknown
                 ):
                     loads.append((node, wrap.key, wrap))
-        saved_wrapped |= self._saved_parameters(fw)
+        saved_wrapped |= self._saved_parameters(fw, handed)
         if plain_saves is None or saved_wrapped:
             return  # the loaded file may be one this file saved wrapped
         line = self.ctx.line_of_offset(plain_saves.start())
@@ -126,7 +130,7 @@ class SaveWrappedStateDict(Rule):
                 hint=f"load into `{key}.module`",
             )
 
-    def _saved_parameters(self, fw: FileWraps) -> bool:
+    def _saved_parameters(self, fw: FileWraps, handed: WrappedFacts) -> bool:
         """State dicts of a parameter saved by a function that a call (here, or in another
         file of the project) hands a wrapped model to."""
         given: dict[str, dict[str, Passed]] = {}  # function -> parameter -> fact
@@ -134,7 +138,7 @@ class SaveWrappedStateDict(Rule):
             name = call.func.id  # type: ignore[attr-defined]
             if name in fw.top:
                 given.setdefault(name, {}).setdefault(slot, passed)
-        for name, facts in self.ctx.project.wrapped_arguments.items():
+        for name, facts in handed.items():
             func = fw.top.get(name)
             if func is None:
                 continue

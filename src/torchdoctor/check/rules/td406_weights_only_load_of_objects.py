@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from torchdoctor.check.analysis.scope_index import assignments, own_nodes
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder
+from torchdoctor.check.tree_walk import walk
 
 _SAVES = frozenset({"torch.save", "torch.serialization.save"})
 _LOADS = frozenset({"torch.load", "torch.serialization.load"})

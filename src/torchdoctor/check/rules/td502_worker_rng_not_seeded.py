@@ -7,9 +7,10 @@ from typing import ClassVar
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis, sibling_file
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.syntax import dotted
-from torchdoctor.check.context import FileContext, walk
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules.td501_workers_without_main_guard import is_dataloader, workers_of
+from torchdoctor.check.tree_walk import walk
 
 # Generator objects: their state is copied into every worker process.
 _GENERATORS = frozenset(

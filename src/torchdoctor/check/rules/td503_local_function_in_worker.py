@@ -4,10 +4,10 @@ import ast
 from typing import ClassVar
 
 from torchdoctor.check.analysis.scope_index import own_calls
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._shipped_datasets import shipped_datasets
 from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, local_functions
+from torchdoctor.check.tree_walk import walk
 
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 _FORK = frozenset({"fork"})

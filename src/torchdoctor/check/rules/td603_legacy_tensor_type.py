@@ -6,8 +6,8 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.values import Place
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 # torch.FloatTensor, torch.cuda.LongTensor, torch.sparse.FloatTensor, ... and their strings.
 _LEGACY = re.compile(

@@ -15,8 +15,8 @@ from torchdoctor.check.analysis.events import (
 )
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.names import is_torch_file
-from torchdoctor.check.context import walk
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 
 class GradScalerMisuse(Rule):

@@ -1,0 +1,147 @@
+"""Fast walks of syntax trees: children, descendants, statements on given lines.
+
+`ast.walk` and `ast.iter_child_nodes` look up every field of every node by name; these
+read only the fields that can hold nodes (`child_fields`), and skip operators and
+contexts (`Load`, `Add`) when no caller wants them. Their results are the ones the
+`ast` functions give, in the same order.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import functools
+from collections.abc import Iterator
+
+_SIMPLE_STATEMENTS = frozenset(
+    {ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Pass, ast.Raise}
+    | {ast.Delete, ast.Assert, ast.Global, ast.Nonlocal, ast.Break, ast.Continue}
+    | {ast.Import, ast.ImportFrom}
+)
+
+
+def child_statements(stmt: ast.stmt) -> list[ast.stmt]:
+    """The statements directly nested in a compound statement (any kind)."""
+    if stmt.__class__ in _SIMPLE_STATEMENTS:
+        return []
+    children: list[ast.stmt] = []
+    for name in ("body", "orelse", "finalbody"):
+        value = getattr(stmt, name, None)
+        if isinstance(value, list):
+            children.extend(value)
+    for holder in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
+        children.extend(holder.body)
+    return children
+
+
+# Fields that never hold a node: names, numbers, flags.
+_SCALAR_FIELDS = frozenset(
+    {"id", "attr", "name", "asname", "arg", "module", "level", "kind", "conversion"}
+    | {"is_async", "simple", "type_comment", "tag", "n", "s", "rest", "kwd_attrs"}
+)
+# Every statement class of this Python's ast module
+STATEMENTS = frozenset(
+    cls for cls in vars(ast).values() if isinstance(cls, type) and issubclass(cls, ast.stmt)
+)
+
+OPERATOR_TYPES = tuple(
+    cls
+    for cls in vars(ast).values()
+    if isinstance(cls, type)
+    and issubclass(cls, ast.expr_context | ast.operator | ast.unaryop | ast.cmpop | ast.boolop)
+)
+_OPERATOR_FIELDS = frozenset({"ctx", "op", "ops"})
+
+
+@functools.cache
+def child_fields(*, want_operators: bool) -> dict[type[ast.AST], tuple[str, ...]]:
+    """Node class -> the fields that may hold child nodes worth walking into.
+
+    Operators and contexts (`Load`, `Add`, `Eq`) are skipped unless a rule visits them.
+    """
+    table: dict[type[ast.AST], tuple[str, ...]] = {}
+    for cls in vars(ast).values():
+        if not (isinstance(cls, type) and issubclass(cls, ast.AST)):
+            continue
+        fields = tuple(
+            f
+            for f in cls._fields
+            if f not in _SCALAR_FIELDS and (want_operators or f not in _OPERATOR_FIELDS)
+        )
+        table[cls] = () if issubclass(cls, ast.Constant) else fields
+    return table
+
+
+def iter_children(node: ast.AST, *, operators: bool = True) -> list[ast.AST]:
+    """`ast.iter_child_nodes(node)` as a list, same nodes in the same order, faster;
+    without operators and contexts (`Add`, `Load`) when `operators` is False."""
+    fields = child_fields(want_operators=operators).get(node.__class__)
+    if fields is None:
+        return list(ast.iter_child_nodes(node))
+    children: list[ast.AST] = []
+    for name in fields:
+        value = getattr(node, name, None)
+        if value.__class__ is list:
+            children.extend(item for item in value if isinstance(item, ast.AST))
+        elif isinstance(value, ast.AST):
+            children.append(value)
+    return children
+
+
+def walk(node: ast.AST) -> Iterator[ast.AST]:
+    """`ast.walk(node)`: the same nodes in the same (breadth-first) order, faster."""
+    table = child_fields(want_operators=True)
+    todo = [node]
+    for current in todo:  # the list grows while it is read: breadth first
+        yield current
+        cls = current.__class__
+        fields = table.get(cls)
+        if fields is None or cls in _LISTS_WITH_NON_NODES:
+            todo.extend(ast.iter_child_nodes(current))
+            continue
+        for name in fields:
+            value = getattr(current, name, None)
+            if value.__class__ is list:
+                todo.extend(value)  # these lists hold only nodes
+            elif isinstance(value, ast.AST):
+                todo.append(value)
+
+
+# Node classes with a list field that may hold None or strings (`{**d}` keys, keyword-only
+# arguments without a default, `global x`)
+_LISTS_WITH_NON_NODES = frozenset({ast.Dict, ast.arguments, ast.Global, ast.Nonlocal})
+
+
+def spans_a_line(stmt: ast.stmt, lines: list[int]) -> bool:
+    """Whether one of `lines` (ascending) is a line of `stmt`, its decorators included."""
+    decorators = getattr(stmt, "decorator_list", None)
+    first = decorators[0].lineno if decorators else stmt.lineno
+    at = bisect.bisect_left(lines, first)
+    return at < len(lines) and lines[at] <= (stmt.end_lineno or stmt.lineno)
+
+
+def walk_lines(node: ast.AST, lines: list[int]) -> list[ast.AST]:
+    """The nodes of `node`'s statements that span one of `lines` (ascending): a compound
+    statement's own parts when it spans one, and of its bodies only such statements; the
+    rest of the tree is never visited. (A loop, not nested generators: a generator per
+    level costs more than the nodes it saves.)"""
+    found: list[ast.AST] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        is_statement = isinstance(current, ast.stmt)
+        for name in current._fields:
+            value = getattr(current, name, None)
+            if value.__class__ is list:
+                if value and isinstance(value[0], ast.stmt):
+                    for stmt in value:
+                        if spans_a_line(stmt, lines):
+                            found.append(stmt)
+                            todo.append(stmt)
+                elif is_statement:
+                    for part in value:
+                        if isinstance(part, ast.AST):
+                            found.extend(walk(part))
+            elif is_statement and isinstance(value, ast.AST):
+                found.extend(walk(value))
+    return found

@@ -1,0 +1,59 @@
+"""Project facts built on demand: only the files that can answer are analysed."""
+
+from __future__ import annotations
+
+from torchdoctor.check.analysis.project_facts import build_project
+
+CHECKPOINTS = """\
+import torch
+
+
+def save_state(net, path):
+    torch.save(net.state_dict(), path)
+"""
+
+TRAIN = """\
+from torch import nn
+
+from checkpoints import save_state
+
+
+def main(net, path):
+    net = nn.DataParallel(net.cuda())
+    save_state(net, path)
+"""
+
+OTHER = """\
+from torch import nn
+
+
+def run(net):
+    return nn.DataParallel(net)
+"""
+
+
+def _project(train: str = TRAIN):
+    return build_project(
+        [("p/checkpoints.py", CHECKPOINTS), ("p/train.py", train), ("p/other.py", OTHER)]
+    )
+
+
+def test_wrapped_arguments_are_analysed_only_for_the_files_that_call_the_function() -> None:
+    index = _project()
+    assert [path for path, _ in index.wrapping_files] == ["p/train.py", "p/other.py"]
+    assert index._wrapped == {}  # nothing analysed while the project is indexed
+    facts = index.wrapped_arguments_for(["save_state", "unrelated"])
+    assert list(facts) == ["save_state"]
+    ((slot, passed),) = facts["save_state"]
+    assert (slot, passed.where, passed.line) == ("0", "p/train.py", 8)
+    # other.py never calls save_state: its text rules it out before any analysis
+    assert list(index._wrapped) == ["p/train.py"]
+    assert index.wrapped_arguments_for(["run"]) == {}
+
+
+def test_the_fingerprint_follows_the_wrapping_files_text() -> None:
+    before = _project()
+    assert _project().fingerprint() == before.fingerprint()
+    changed = _project(TRAIN.replace("save_state(net, path)", "save_state(net.module, path)"))
+    assert changed.wrapped_digest != before.wrapped_digest
+    assert changed.fingerprint() != before.fingerprint()
