@@ -8,6 +8,7 @@ another are both known to be modules, through any chain of inheritance.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -163,6 +164,14 @@ class ProjectIndex:
     # TD204 asks whether another file may zero around a step method it calls
     # (analysis/project_facts.zeroing_calls).
     zeroing_calls: frozenset[str] = frozenset()
+    # Whether some file of the project turns gradients off (no_grad, inference_mode, or
+    # a framework whose evaluation runs under no_grad): if none does, every forward pass
+    # of the project records its graph (analysis/grad_contexts.may_turn_grad_off).
+    turns_grad_off: bool = False
+    # Method name -> the files that call it through a receiver other than `self`
+    # (`model.module.mask_net(...)`), kept only while no file turns gradients off: TD202
+    # asks whether the project's own code (not its tests) runs an inference-only method.
+    outside_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Class name -> the files of the project that define a class of that name: what a
     # method of an object built from it does is read there, on demand
     # (analysis/kept_state.py; TD206 asks whether `meter.update(loss)` keeps `loss`).
@@ -281,6 +290,10 @@ class ProjectIndex:
             text += "\ncuda-defaults:" + repr(sorted(self.cuda_defaults.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
+        if self.turns_grad_off:
+            text += "\ngrad-off"
+        if self.outside_calls:
+            text += "\noutside-calls:" + _digest_text(repr(sorted(self.outside_calls.items())))
         if self.clamping_hooks:
             text += "\nclamping:" + repr(sorted(self.clamping_hooks.items()))
         if self.module_pickles:
@@ -292,6 +305,17 @@ class ProjectIndex:
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    def inside(self, path: str) -> str:
+        """`path` inside the checked project (forward slashes), as given when outside it."""
+        path = path.replace("\\", "/")
+        root = self.root.replace("\\", "/").rstrip("/")
+        if not root:
+            return path
+        for candidate in (path, os.path.realpath(path).replace("\\", "/")):
+            if candidate.startswith(root + "/"):
+                return candidate[len(root) + 1 :]
+        return path
 
     def is_module_class_name(self, name: str) -> bool:
         return name.rsplit(".", 1)[-1] in self.module_classes or _base_is_torch_module(name)

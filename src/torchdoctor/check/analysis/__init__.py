@@ -113,6 +113,11 @@ interpreters see the per-file objects above them only through protocols):
                   `loss` up in `self`'s state): the receiver's class where the code builds
                   it, its method read in the file or the project's file defining the class
                   (`ProjectIndex.class_files`, loaded on demand; TD206)
+- `eval_branches` a module method's code that runs only in eval mode (`if not
+                  self.training:`) and the layers the class builds that it runs there (TD202,
+                  with `ProjectIndex.turns_grad_off` / `outside_calls`)
+- `caller_backward` the calls `self.m(...)` in a class's family (other files too) whose
+                  result goes to backward(): `m` returns a training step's loss (TD206)
 - `graph_flow`    functions that give back a differentiable transform of a parameter
                   (`return attn.max(dim=1)[0].mean()`): their result has its graph (TD206)
 - `pass_guards`   tests that hold on one pass of a loop only (`if i == 0:` on its counter,

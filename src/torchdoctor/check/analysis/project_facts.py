@@ -23,7 +23,11 @@ from collections.abc import Iterable, Iterator
 
 from torchdoctor.check.analysis.dropped_device import CudaDefault, cuda_default_classes
 from torchdoctor.check.analysis.file_flow import file_flow
-from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
+from torchdoctor.check.analysis.grad_contexts import (
+    may_turn_grad_off,
+    mentions_zeroing,
+    outside_calls,
+)
 from torchdoctor.check.analysis.grad_hooks import clamping_hooks, may_register_clamps
 from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value
@@ -347,6 +351,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     # class that moves itself (known only once every file is scanned)
     unmoved: list[tuple[str, str]] = []
     class_files: dict[str, list[str]] = {}
+    calling: dict[str, list[str]] = {}  # method name -> files calling it (not on self)
     cuda_defaults: dict[str, CudaDefault] = {}
     count = 0
     paths: set[str] = set()
@@ -369,6 +374,13 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         if zeroing is not None:
             index.zeroing_calls |= zeroing
         extensions |= cuda_extensions(source)
+        if not index.turns_grad_off:  # once one file does, the method names are not asked
+            index.turns_grad_off = may_turn_grad_off(source)
+            if index.turns_grad_off:
+                calling.clear()
+            else:
+                for name in outside_calls(source):
+                    calling.setdefault(name, []).append(path)
         cuda_defaults.update(cuda_default_classes(path, source))
         for name, facts in class_builds(source).items():
             classes.setdefault(name, []).append(facts)
@@ -387,6 +399,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             for name, where in clamping_hooks(path, source).items():
                 index.clamping_hooks.setdefault(name, where)
     index.paths = frozenset(paths)
+    if not index.turns_grad_off:
+        index.outside_calls = {name: tuple(files) for name, files in calling.items()}
     index.moving_classes = frozenset(moving)
     index.cuda_extensions = frozenset(extensions)
     index.batchnorm_classes = batchnorm_classes(classes, definitions)
