@@ -126,20 +126,20 @@ class ProjectIndex:
     # Callee name -> calls of it in other files that pass a moved model or a loader
     # (analysis/project_facts.py; used by the device rules' dataflow).
     call_facts: dict[str, tuple[CallFact, ...]] = field(default_factory=dict)
-    # Classes that move data to the device themselves (project_facts.moving_classes).
+    # Classes that move data to the device themselves (text_facts.moving_classes).
     moving_classes: frozenset[str] = frozenset()
     # Module classes that move themselves in `__init__` (`self.cuda()`), class name ->
     # whether only on some paths (under a flag; `if torch.cuda.is_available():` is the
-    # target device, not a path) (analysis/project_facts.self_moving_classes).
+    # target device, not a path) (analysis/text_facts.self_moving_classes).
     self_moving: dict[str, bool] = field(default_factory=dict)
     # Classes that build a BatchNorm1d layer, themselves or through another such class
     # they build (analysis/project_facts.batchnorm_classes; TD216 asks).
     batchnorm_classes: frozenset[str] = frozenset()
     # Where a file of the project starts an NCCL process group ("path:line"), if one does
-    # (analysis/project_facts.nccl_start; TD113 asks).
+    # (analysis/text_facts.nccl_start; TD113 asks).
     nccl_start: str | None = None
     # Extension modules the project builds with `CUDAExtension(...)` (its setup.py):
-    # code importing one runs only with a GPU (analysis/project_facts.cuda_extensions).
+    # code importing one runs only with a GPU (analysis/text_facts.cuda_extensions).
     cuda_extensions: frozenset[str] = frozenset()
     # The files that may hand a model wrapped in DataParallel/DDP to a function of another
     # file, (path, text). Each is analysed (`wrapped_build`, analysis/wraps.py) only when
@@ -162,7 +162,7 @@ class ProjectIndex:
     root: str = ""
     # The method names called in files that zero gradients (zero_grad, `p.grad = None`):
     # TD204 asks whether another file may zero around a step method it calls
-    # (analysis/project_facts.zeroing_calls).
+    # (analysis/text_facts.zeroing_calls).
     zeroing_calls: frozenset[str] = frozenset()
     # Whether some file of the project turns gradients off (no_grad, inference_mode, or
     # a framework whose evaluation runs under no_grad): if none does, every forward pass
@@ -193,7 +193,7 @@ class ProjectIndex:
     # Every checked file's path (imports are resolved against them).
     paths: frozenset[str] = frozenset()
     # Classes that make an `nn.Parameter` in their body, and their subclasses
-    # (analysis/project_facts.parameter_classes; TD213 asks where one is built).
+    # (analysis/text_facts.parameter_classes; TD213 asks where one is built).
     parameter_classes: frozenset[str] = frozenset()
     # What rules read from the file system on demand this run, by key (a file's presence,
     # a folder's packaging metadata: analysis/library_package.py): once per run, not per

@@ -76,6 +76,8 @@ interpreters see the per-file objects above them only through protocols):
                   seeding of parameters from call sites in the file and the project
 - `project_facts` cross-file call facts (what other files pass to a function) and
                   `build_project`, the ProjectIndex of a whole run
+- `text_facts`    the project facts read from a file's text before any parse (classes
+                  that move data, NCCL starts, what files that zero gradients call)
 - `path_guards`   what the `if` tests around a statement say (`self.task == "binary"`,
                   `if flag:`), and whether two such sets can hold at once: a value followed
                   from one method into another keeps only the branches that run together
