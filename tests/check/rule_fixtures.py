@@ -59,6 +59,8 @@ def run_rule(
     files = case_files(case)
     sources = {f: read_fixture(f, newline) for f in files}
     project = build_project((str(f), text) for f, text in sources.items())
+    if case.is_dir():  # a project fixture: its folder is the checked project
+        project.root = str(case.resolve())
     options = RunOptions(
         enabled=frozenset({code}),
         fix=fix,

@@ -8,10 +8,12 @@ another are both known to be modules, through any chain of inheritance.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from torchdoctor.check.analysis.torch_api import LIBRARY_MODULE_BASES
 from torchdoctor.check.analysis.values import Passed, Value
 from torchdoctor.check.lines import as_lf
 
@@ -36,9 +38,10 @@ _TORCH_NN_PREFIXES = ("nn.", "torch.nn.")
 
 
 def _base_is_torch_module(base: str) -> bool:
-    """`nn.Linear`, `torch.nn.Module`, `Module`: a torch.nn layer (capitalised name)."""
+    """`nn.Linear`, `torch.nn.Module`, `Module`: a torch.nn layer (capitalised name); or
+    a module class of another library, named in full (`allennlp.models.Model`)."""
     last = base.rsplit(".", 1)[-1]
-    if last in KNOWN_MODULE_BASES:
+    if last in KNOWN_MODULE_BASES or base in LIBRARY_MODULE_BASES:
         return True
     return base.startswith(_TORCH_NN_PREFIXES) and last[:1].isupper()
 
@@ -123,20 +126,20 @@ class ProjectIndex:
     # Callee name -> calls of it in other files that pass a moved model or a loader
     # (analysis/project_facts.py; used by the device rules' dataflow).
     call_facts: dict[str, tuple[CallFact, ...]] = field(default_factory=dict)
-    # Classes that move data to the device themselves (project_facts.moving_classes).
+    # Classes that move data to the device themselves (text_facts.moving_classes).
     moving_classes: frozenset[str] = frozenset()
     # Module classes that move themselves in `__init__` (`self.cuda()`), class name ->
     # whether only on some paths (under a flag; `if torch.cuda.is_available():` is the
-    # target device, not a path) (analysis/project_facts.self_moving_classes).
+    # target device, not a path) (analysis/text_facts.self_moving_classes).
     self_moving: dict[str, bool] = field(default_factory=dict)
     # Classes that build a BatchNorm1d layer, themselves or through another such class
     # they build (analysis/project_facts.batchnorm_classes; TD216 asks).
     batchnorm_classes: frozenset[str] = frozenset()
     # Where a file of the project starts an NCCL process group ("path:line"), if one does
-    # (analysis/project_facts.nccl_start; TD113 asks).
+    # (analysis/text_facts.nccl_start; TD113 asks).
     nccl_start: str | None = None
     # Extension modules the project builds with `CUDAExtension(...)` (its setup.py):
-    # code importing one runs only with a GPU (analysis/project_facts.cuda_extensions).
+    # code importing one runs only with a GPU (analysis/text_facts.cuda_extensions).
     cuda_extensions: frozenset[str] = frozenset()
     # The files that may hand a model wrapped in DataParallel/DDP to a function of another
     # file, (path, text). Each is analysed (`wrapped_build`, analysis/wraps.py) only when
@@ -159,8 +162,16 @@ class ProjectIndex:
     root: str = ""
     # The method names called in files that zero gradients (zero_grad, `p.grad = None`):
     # TD204 asks whether another file may zero around a step method it calls
-    # (analysis/project_facts.zeroing_calls).
+    # (analysis/text_facts.zeroing_calls).
     zeroing_calls: frozenset[str] = frozenset()
+    # Whether some file of the project turns gradients off (no_grad, inference_mode, or
+    # a framework whose evaluation runs under no_grad): if none does, every forward pass
+    # of the project records its graph (analysis/grad_contexts.may_turn_grad_off).
+    turns_grad_off: bool = False
+    # Method name -> the files that call it through a receiver other than `self`
+    # (`model.module.mask_net(...)`), kept only while no file turns gradients off: TD202
+    # asks whether the project's own code (not its tests) runs an inference-only method.
+    outside_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Class name -> the files of the project that define a class of that name: what a
     # method of an object built from it does is read there, on demand
     # (analysis/kept_state.py; TD206 asks whether `meter.update(loss)` keeps `loss`).
@@ -182,7 +193,7 @@ class ProjectIndex:
     # Every checked file's path (imports are resolved against them).
     paths: frozenset[str] = frozenset()
     # Classes that make an `nn.Parameter` in their body, and their subclasses
-    # (analysis/project_facts.parameter_classes; TD213 asks where one is built).
+    # (analysis/text_facts.parameter_classes; TD213 asks where one is built).
     parameter_classes: frozenset[str] = frozenset()
     # What rules read from the file system on demand this run, by key (a file's presence,
     # a folder's packaging metadata: analysis/library_package.py): once per run, not per
@@ -279,6 +290,10 @@ class ProjectIndex:
             text += "\ncuda-defaults:" + repr(sorted(self.cuda_defaults.items()))
         if self.zeroing_calls:
             text += "\nzeroing:" + ",".join(sorted(self.zeroing_calls))
+        if self.turns_grad_off:
+            text += "\ngrad-off"
+        if self.outside_calls:
+            text += "\noutside-calls:" + _digest_text(repr(sorted(self.outside_calls.items())))
         if self.clamping_hooks:
             text += "\nclamping:" + repr(sorted(self.clamping_hooks.items()))
         if self.module_pickles:
@@ -290,6 +305,17 @@ class ProjectIndex:
         if self.call_facts:  # and whenever the cross-file call facts change
             text += "\n" + digest(self.call_facts)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    def inside(self, path: str) -> str:
+        """`path` inside the checked project (forward slashes), as given when outside it."""
+        path = path.replace("\\", "/")
+        root = self.root.replace("\\", "/").rstrip("/")
+        if not root:
+            return path
+        for candidate in (path, os.path.realpath(path).replace("\\", "/")):
+            if candidate.startswith(root + "/"):
+                return candidate[len(root) + 1 :]
+        return path
 
     def is_module_class_name(self, name: str) -> bool:
         return name.rsplit(".", 1)[-1] in self.module_classes or _base_is_torch_module(name)

@@ -72,6 +72,9 @@ interpreters see the per-file objects above them only through protocols):
                   tensors are; `kl_divergence(p, q)` and `d.log_prob(x)` are meetings
 - `syntax`        questions about syntax alone: dotted names, bound names, decorators
 - `interfaces`    protocols the scope interpreter and FunctionInfo see their file through
+- `loop_passes`   a loop's second iteration, run from the state the first one leaves: when
+                  it can meet something new, and which of its meetings stand (not under
+                  `if i == 0:`, not in a loop over one element)
 - `scope_core` < `scope_exprs` < `scope_library` < `scope_moves` < `scope_calls` < `scope`
                   the scope interpreter (one function or module body), one layer per job:
                   state, expressions, library calls, tensor methods and moves, calls,
@@ -80,6 +83,8 @@ interpreters see the per-file objects above them only through protocols):
                   seeding of parameters from call sites in the file and the project
 - `project_facts` cross-file call facts (what other files pass to a function) and
                   `build_project`, the ProjectIndex of a whole run
+- `text_facts`    the project facts read from a file's text before any parse (classes
+                  that move data, NCCL starts, what files that zero gradients call)
 - `path_guards`   what the `if` tests around a statement say (`self.task == "binary"`,
                   `if flag:`), and whether two such sets can hold at once: a value followed
                   from one method into another keeps only the branches that run together
@@ -117,6 +122,11 @@ interpreters see the per-file objects above them only through protocols):
                   `loss` up in `self`'s state): the receiver's class where the code builds
                   it, its method read in the file or the project's file defining the class
                   (`ProjectIndex.class_files`, loaded on demand; TD206)
+- `eval_branches` a module method's code that runs only in eval mode (`if not
+                  self.training:`) and the layers the class builds that it runs there (TD202,
+                  with `ProjectIndex.turns_grad_off` / `outside_calls`)
+- `caller_backward` the calls `self.m(...)` in a class's family (other files too) whose
+                  result goes to backward(): `m` returns a training step's loss (TD206)
 - `graph_flow`    functions that give back a differentiable transform of a parameter
                   (`return attn.max(dim=1)[0].mean()`): their result has its graph (TD206)
 - `pass_guards`   tests that hold on one pass of a loop only (`if i == 0:` on its counter,

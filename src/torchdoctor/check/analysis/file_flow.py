@@ -31,6 +31,8 @@ from torchdoctor.check.analysis.values import (
     _join_seeds,
     built_loaders,
     moved_whatever_given,
+    on_proven_self,
+    proven_module,
 )
 from torchdoctor.check.context import (
     FileContext,
@@ -126,6 +128,9 @@ class FileFlow(FileIndex):
             seeds.update(arguments)
             params = [*func.args.posonlyargs, *func.args.args]
             me = params[0].arg if params else ""
+            if me and proven_module(arguments.get(me, UNKNOWN)):
+                # the caller proved `self` on the device: so are its registered parts
+                seeds.update(on_proven_self(seeds, me, arguments[me]))
             if attributes is not None and me:
                 seeds.update({f"{me}.{attr}": v for attr, v in attributes.items()})
             scope = ScopeFlow(self, func, seeds=seeds, depth=depth + 1)

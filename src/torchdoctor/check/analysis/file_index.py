@@ -16,7 +16,7 @@ from torchdoctor.check.analysis.syntax import (
     _target_names,
     module_receivers,
 )
-from torchdoctor.check.analysis.torch_api import _NON_MODULE_NN
+from torchdoctor.check.analysis.torch_api import _NON_MODULE_NN, LIBRARY_MODULE_BASES
 from torchdoctor.check.analysis.values import AnyFunction, ScopeNode, Value
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import line_end, line_start
@@ -188,7 +188,7 @@ class FileIndex:
         local = self.classes.get(qual)
         if local is not None:
             return self.is_module_class(local)
-        if last in KNOWN_MODULE_BASES:
+        if last in KNOWN_MODULE_BASES or qual in LIBRARY_MODULE_BASES:
             return True
         if qual.startswith(("numpy.", "np.", "tensorflow.", "keras.", "jax.", "flax.")):
             return False

@@ -264,3 +264,46 @@ def _skipped_by_post_order() -> frozenset[type]:
     return frozenset(
         leaves | {ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, type(None)}
     )
+
+
+# What turns gradients off, in a file's text: the context managers and decorators, and the
+# training frameworks whose evaluation loops run the model under no_grad themselves.
+_GRAD_OFF_WORDS = (
+    "no_grad",
+    "inference_mode",
+    "set_grad_enabled",
+    "lightning",
+    "ignite",
+    "transformers",
+    "fastai",
+    "skorch",
+    "poutyne",
+    "catalyst",
+    "torchbearer",
+    "mmengine",
+    "mmcv",
+    "detectron2",
+)
+
+
+# A module's forward that records a graph only in training mode: gradients are off in
+# that forward alone, not around any other call of the project.
+_OWN_FORWARD_SWITCH = re.compile(r"set_grad_enabled\(\s*self\.training\s*\)")
+
+
+def may_turn_grad_off(text: str) -> bool:
+    """Whether a file may run code with gradients off (or hand it to a framework that
+    does): a project none of whose files does runs every forward pass with them on."""
+    if "set_grad_enabled" in text:
+        text = _OWN_FORWARD_SWITCH.sub("", text)
+    return any(w in text for w in _GRAD_OFF_WORDS)
+
+
+# `model.module.mask_net(`: a method called through a receiver other than `self` (or
+# `super()`, the class's own family).
+_OUTSIDE_CALL = re.compile(r"(?<!\bself)(?<!\bsuper\(\))\.([A-Za-z_]\w*)\s*\(")
+
+
+def outside_calls(text: str) -> frozenset[str]:
+    """The method names a file calls through a receiver other than `self`."""
+    return frozenset(_OUTSIDE_CALL.findall(text))

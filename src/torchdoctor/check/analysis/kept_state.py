@@ -17,6 +17,7 @@ read on demand), along its bases; every definition found must keep the parameter
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from torchdoctor.check.analysis.file_loops import project_file
@@ -73,11 +74,66 @@ def receiver_class(ctx: FileContext, fi: FunctionInfo, recv: ast.expr) -> str | 
         return None
     if isinstance(recv, ast.Name):
         if key in fi.params():
-            return None
+            return parameter_class(ctx, fi, key)
         return _one_class(_bindings(ctx, fi.node, key), ctx)
     if key.count(".") == 1 and key.startswith("self.") and fi.cls is not None:
         return _one_class(_bindings(ctx, fi.cls, key), ctx)
     return None
+
+
+def stored_and_kept(ctx: FileContext, fi: FunctionInfo, stmt: ast.stmt) -> ast.expr | None:
+    """The value of `recv[key] = value` when the receiver's class keeps it: its
+    `__setitem__` adds its value up in its state (`self.values[key].append(value)`)."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+        return None
+    target = stmt.targets[0]
+    if not isinstance(target, ast.Subscript):
+        return None
+    cls = receiver_class(ctx, fi, target.value)
+    if cls is None:
+        return None
+    defs = list(_methods(ctx, cls, "__setitem__"))
+    for method in defs:
+        params = [a.arg for a in (*method.args.posonlyargs, *method.args.args)]
+        if len(params) != 3 or params[2] not in kept_parameters(method):
+            return None
+    return stmt.value if defs else None
+
+
+# `:type stat_col: StatisticsCollector` (Sphinx), the class in ``x``, `x` or :class:`x`
+_DOC_TYPE = r":type\s+{}\s*:\s*(?::class:)?`*~?([A-Za-z_][\w.]*)`*\s*$"
+
+
+def parameter_class(ctx: FileContext, fi: FunctionInfo, name: str) -> str | None:
+    """The project class a parameter is annotated with, or its docstring's `:type name:`
+    field names: the one class the author says it holds (None, Optional aside)."""
+    node = fi.node
+    if not isinstance(node, FuncDef):  # type: ignore[arg-type]
+        return None
+    args = node.args  # type: ignore[union-attr]
+    found: str | None = None
+    for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+        if arg.arg == name and arg.annotation is not None:
+            annotation = arg.annotation
+            if isinstance(annotation, ast.Subscript) and dotted(annotation.value) in (
+                "Optional",
+                "typing.Optional",
+            ):
+                annotation = annotation.slice
+            found = dotted(annotation)
+    if found is None:
+        doc = ast.get_docstring(node) or ""  # type: ignore[arg-type]
+        if ":type" not in doc:
+            return None
+        match = re.search(_DOC_TYPE.format(re.escape(name)), doc, re.MULTILINE)
+        found = match.group(1) if match else None
+    if found is None:
+        return None
+    cls = found.rsplit(".", 1)[-1]
+    known = cls in ctx.project.class_files or any(
+        isinstance(n, ast.ClassDef) and n.name == cls for n in ctx.tree.body
+    )
+    return cls if known else None
 
 
 def _one_class(values: list[ast.expr], ctx: FileContext) -> str | None:

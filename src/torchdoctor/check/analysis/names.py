@@ -199,6 +199,12 @@ def is_test_file(path: str) -> bool:
     return base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
 
 
+def is_test_code(path: str) -> bool:
+    """A unit test, or a file of a test folder: not where the project runs its models."""
+    parts = path.replace("\\", "/").split("/")
+    return is_test_file(path) or any(p in ("tests", "test", "testing") for p in parts[:-1])
+
+
 def is_eval_iterable(text: str) -> bool:
     """`val_loader`, `tqdm(test_dataloader)`, `data_loader_val` -- not `train_loader`."""
     ws = words(text)

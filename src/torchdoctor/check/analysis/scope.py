@@ -9,6 +9,12 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.default_path import keep_default_env
 from torchdoctor.check.analysis.interfaces import FileFacts
+from torchdoctor.check.analysis.loop_passes import (
+    carries_new_place,
+    one_pass_branches,
+    runs_once,
+    stands,
+)
 from torchdoctor.check.analysis.scope_calls import ScopeCalls
 from torchdoctor.check.analysis.scope_core import _LoopFrame
 from torchdoctor.check.analysis.syntax import _is_main_guard, _is_no_grad_context, _weaken, dotted
@@ -257,6 +263,8 @@ class ScopeFlow(ScopeCalls):
                 for cont in _frame.continues:
                     new_head = join_env(new_head, cont)
                 assert new_head is not None
+                if n == 0 and meeting:
+                    self._second_pass(stmt, entry, end, _frame, body, target, element, test)
                 if new_head == head:
                     break
                 head = new_head
@@ -270,6 +278,35 @@ class ScopeFlow(ScopeCalls):
         self._exec_block(orelse)
         for brk in frame.breaks:
             self.env = join_env(self.env, brk) if self.env is not None else dict(brk)
+
+    def _second_pass(
+        self,
+        stmt: ast.stmt,
+        entry: Env,
+        end: Env | None,
+        frame: _LoopFrame,
+        body: list[ast.stmt],
+        target: ast.expr | None,
+        element: Value,
+        test: ast.expr | None,
+    ) -> None:
+        """Meetings of the loop's second iteration, run from the state the first one
+        leaves, not joined with the state before the loop (analysis/loop_passes.py)."""
+        second = end
+        for cont in frame.continues:
+            second = join_env(second, cont)
+        if not second or not carries_new_place(entry, second) or runs_once(stmt):
+            return
+        before = dict(self._mismatches)
+        self._loop_pass(second, body, target, element, test)
+        skipped = one_pass_branches(stmt)
+        for key, m in list(self._mismatches.items()):
+            if key in before:
+                self._mismatches[key] = before[key]  # the first iteration's meeting stands
+            elif not stands(m, skipped):
+                del self._mismatches[key]
+            elif not m.later:
+                self._mismatches[key] = dataclasses.replace(m, later=True)
 
     def _loop_pass(
         self,

@@ -20,6 +20,8 @@ from torchdoctor.check.analysis.values import (
     Place,
     Value,
     _container_add,
+    informative,
+    proven_module,
 )
 
 if TYPE_CHECKING:
@@ -272,7 +274,7 @@ class ScopeCalls(ScopeMoves):
         target = self._same_file_callee(func, recv)
         if target is not None:
             on_object = recv is not None and recv.kind is Kind.OBJECT
-            returned = self._follow_call(node, target, args, keywords, on_object=on_object)
+            returned = self._follow_call(node, target, args, keywords, recv, on_object=on_object)
             if returned is None or returned is UNKNOWN:
                 returned = self.ff.returned_tensor(target)
             if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
@@ -287,24 +289,28 @@ class ScopeCalls(ScopeMoves):
         target: AnyFunction,
         args: list[Value],
         keywords: list[tuple[str | None, Value]],
+        recv: Value | None = None,
         *,
         on_object: bool = False,
         owner: FileFacts | None = None,
     ) -> Value | None:
         """Follow a call of this file's function with what it passes (when a tensor or
-        module with a known place is passed, or it is a method of an object built here:
-        `agent.act(obs)` runs with what `__init__` left on `agent`): its result, and a
-        mismatch at the call when a CPU tensor and a device tensor passed to it meet inside."""
+        module with a known place is passed): its result, and a mismatch at the call
+        when a CPU tensor and a device tensor passed to it meet inside. A method of a
+        module this scope proved on the device (`policy.to(device)`, then
+        `policy.act(obs, h, masks)`) runs with that `self`: its submodules are there.
+        A method of an object built here (`on_object`: `agent.act(obs)`) runs with what
+        `__init__` left on it, whatever it is passed; `owner`: the facts of the file
+        `target` is in, when that is another (a class of another project file)."""
         if any(isinstance(a, ast.Starred) for a in node.args):
             return None
         params = [*target.args.posonlyargs, *target.args.args]
-        method = False
-        facts_of = owner or self.ff  # the file `target` is in
+        me: ast.arg | None = None
+        facts_of = owner or self.ff
         if params and facts_of.class_of(target) is not None and not _is_static(target):
             if isinstance(node.func, ast.Name):
                 return None  # a method called by its bare name: not this function
-            params = params[1:]
-            method = True
+            me, params = params[0], params[1:]
         by_name = {a.arg: a for a in [*params, *target.args.kwonlyargs]}
         passed: list[tuple[str, ast.expr, Value]] = []
         for param, arg_node, value in zip(params, node.args, args, strict=False):
@@ -312,20 +318,19 @@ class ScopeCalls(ScopeMoves):
         for kw, (name, value) in zip(node.keywords, keywords, strict=True):
             if name is not None and name in by_name:
                 passed.append((name, kw.value, value))
-        if not any(v.place is not Place.UNKNOWN for _, _, v in passed) and not (
-            method and on_object
-        ):
+        if not any(informative(v) for _, _, v in passed) and not (on_object and me):
             return None
         arguments = {p: v for p, _, v in passed if v is not UNKNOWN}
+        if me is not None and recv is not None and proven_module(recv):
+            arguments[me.arg] = recv
         facts = facts_of.call_facts(target, arguments, self.depth)
         if facts is None:
             return None
         if self._meeting:
             self._meetings_inside(node, target, passed, facts.mismatches)
-        if on_object and method and isinstance(node.func, ast.Attribute):
+        if on_object and me is not None and isinstance(node.func, ast.Attribute):
             # `self.device` inside the method is `agent.device` here
-            me = [*target.args.posonlyargs, *target.args.args][0].arg
-            return _renamed(facts.returned, me, self._text(node.func.value))
+            return _renamed(facts.returned, me.arg, self._text(node.func.value))
         return facts.returned
 
     def _meetings_inside(
@@ -351,12 +356,14 @@ class ScopeCalls(ScopeMoves):
             for name, arg_node, value in cpu:
                 if m.cpu == value or (m.cpu.source is not None and m.cpu.source is value.source):
                     line = getattr(m.site, "lineno", 0)
+                    # the argument it meets inside, when that is one passed here
+                    met = next((d for d in device if d[2] == m.other), device[0])
                     self._mismatches[(id(node), id(arg_node))] = Mismatch(
                         node,
                         arg_node,
                         value,
-                        device[0][1],
-                        device[0][2],
+                        met[1],
+                        met[2],
                         "call",
                         path=f"`{target.name}` combines its `{name}` with a tensor on the "
                         f"device (line {line})",

@@ -71,7 +71,8 @@ class ScopeCore:
         self._recording = True
         # meetings of devices are also recorded on a loop's first pass, which runs from
         # the state before the loop: `h = torch.zeros(n)` then `h = h + x` in the loop
-        # meets on the first iteration, though the loop's fixpoint no longer knows `h`
+        # meets on the first iteration, though the loop's fixpoint no longer knows `h`;
+        # and on its second, from the state the first leaves (`ScopeFlow._second_pass`)
         self._meeting = True
         self._no_grad = 0
         # inside `with torch.device(...):` (or the file sets a default device): factories

@@ -226,6 +226,7 @@ class Mismatch:
     path: str = ""  # for "call": where, inside the callee, they meet
     callee: ast.AST | None = None  # for "call": the function they meet in
     inner: Mismatch | None = None  # for "call": the meeting inside the callee
+    later: bool = False  # met on a loop's second iteration (a value the first one rebinds)
 
 
 @dataclass(frozen=True)
@@ -352,3 +353,45 @@ def moved_whatever_given(value: Value, func: AnyFunction) -> bool:
     if params and params[0].arg == "self":
         names.discard("self")
     return root not in names
+
+
+def proven_module(value: Value) -> bool:
+    """A module the code shows on the device on every path (moved there, not assumed)."""
+    return (
+        value.kind is Kind.MODULE
+        and value.place is Place.DEVICE
+        and not (value.assumed or value.maybe or value.is_input or value.guessed)
+    )
+
+
+def on_proven_self(seeds: Env, me: str, module: Value) -> Env:
+    """A method's `self.x` seeds when its caller proved `self` (`module`) on the device:
+    the registered submodules and parameters, assumed there, are there for sure."""
+    prefix = f"{me}."
+    return {
+        key: dataclasses.replace(
+            value,
+            assumed=False,
+            is_input=False,
+            device=module.device,
+            device_line=module.device_line,
+            where=module.where,
+        )
+        for key, value in seeds.items()
+        if key.startswith(prefix)
+        and value.kind in (Kind.MODULE, Kind.PARAMETER)
+        and value.place is Place.DEVICE
+        and value.assumed
+    }
+
+
+def informative(value: Value, depth: int = 2) -> bool:
+    """Whether a passed value tells the callee something: a known place, a loader, or a
+    container of such (`enumerate(loader)` handed to a progress-bar helper that returns
+    it, or `tqdm(it)` of it)."""
+    if value.place is not Place.UNKNOWN or value.kind is Kind.LOADER:
+        return True
+    if value.kind is not Kind.CONTAINER or depth == 0:
+        return False
+    inside = (*(value.items or ()), *((value.element,) if value.element is not None else ()))
+    return any(informative(v, depth - 1) for v in inside)

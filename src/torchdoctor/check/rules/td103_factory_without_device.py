@@ -267,6 +267,8 @@ class FactoryWithoutDevice(Rule):
                 f" or `{like}(...)`" if like.startswith("torch.") else f" or `{base}.{like}(...)`"
             )
         path = f", and {m.path}" if m.path else ""
+        if m.later:  # rebound here, it meets the device on the loop's next iteration
+            path = f", on the loop's next iteration{path}"
         cls = file_flow(self.ctx).class_of(func)
         if forward is not None and cls is not None and func is not forward:
             # `forward` -> `_masks` -> `_mask`: say how forward gets there

@@ -7,6 +7,7 @@ from typing import ClassVar
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import dotted, lines_matching
+from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import Kind, Mismatch, Place, ScopeNode, Value
 from torchdoctor.check.rule import Rule, Severity
 
@@ -27,6 +28,7 @@ _FOR_IN_LOADER = re.compile(
 _NEXT_ITER = re.compile(r"next\(\s*iter\(")
 _FOR_IN_BATCHES = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\r\n]*batch")
 _MOVES = (".to(", ".cuda(")
+_FACTORY_CALLS = tuple(f".{name}(" for name in sorted(FACTORIES | LEGACY_CONSTRUCTORS))
 _ENCODED = re.compile(r"return_tensors\s*=\s*[\"']pt[\"']")
 
 
@@ -108,6 +110,18 @@ class BatchNotMoved(Rule):
         scopes: list[ScopeNode] = [ff.ctx.tree] if script else []
         scopes += [s for s in ff.scopes_at(strong) if s not in scopes]
         scopes += [s for s in ff.scopes_at(weak) if s not in scopes and ff.mentions(s, *_MOVES)]
+        if script:
+            # a plain function that moves a model and makes a tensor on the CPU (a rollout
+            # whose hidden state is reset with `torch.zeros(n)`)
+            made = ff.scopes_at(self.ctx.lines_holding(_FACTORY_CALLS))
+            scopes += [
+                s
+                for s in made
+                if s not in scopes
+                and not isinstance(s, ast.Module)
+                and ff.class_of(s) is None
+                and ff.mentions(s, *_MOVES)
+            ]
         if script:
             # a method that moves something, of a plain class the file builds: what the
             # file's calls on its instances pass (a factory's CPU tensor) may meet it
@@ -209,6 +223,8 @@ class BatchNotMoved(Rule):
             message = f"{what}{dropped} {verb_meet} `{target}` ({_on_device(other)}) in {where}"
         if first.path:
             message += f" ({first.path})"
+        if first.later:  # the value the previous iteration left (fine on the first one)
+            message += " on the loop's next iteration"
         if cpu.kind is Kind.BATCH:
             message += f" without `.to({device})`"
         else:

@@ -5,12 +5,18 @@ import os
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.eval_branches import eval_only_runs
 from torchdoctor.check.analysis.events import BACKWARD, SCALER_STEP, STEP
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.mode_intent import flag_phases, same_side
 from torchdoctor.check.analysis.mode_state import BUILT, EVAL, TRAIN, ForwardCall
-from torchdoctor.check.analysis.names import is_lightning_eval_hook, is_test_file, is_torch_file
+from torchdoctor.check.analysis.names import (
+    is_lightning_eval_hook,
+    is_test_code,
+    is_test_file,
+    is_torch_file,
+)
 from torchdoctor.check.rule import Rule, Severity
 
 _WORDS = ("val", "test", "eval", "predict", "infer", "generate")
@@ -38,6 +44,13 @@ class EvalWithoutNoGrad(Rule):
     an abstract method (`self.evaluate()` of a base trainer) runs the one override a
     subclass of the project defines; when that runs in a file that leaves the gradient
     mode to its callers (no training code there), the report goes to the call.
+
+    A model's own methods leave the gradient mode to their callers, with one exception:
+    a method whose layers run only in eval mode (`if not self.training: ...`) that the
+    project's code calls (`model.module.mask_net(feats)`) in a project none of whose files
+    turns gradients off (no `no_grad`, `inference_mode`, `set_grad_enabled` other than a
+    forward's own `set_grad_enabled(self.training)`, nor a framework that evaluates under
+    no_grad): then every call records the graph, and the report goes to the method.
 
     ## Why is this bad?
     `model.eval()` switches Dropout and BatchNorm to inference behaviour; it does
@@ -85,6 +98,7 @@ class EvalWithoutNoGrad(Rule):
         # a model they were handed (calibration, tracing, export)
         script = any(w in self.ctx.source for w in _SCRIPT_WORDS)
         fl = analysis(self.ctx)
+        self._eval_only_methods(fl)
         for fi in fl.all_functions():
             if not (fi.mentions_evaluation and fi.mentions_model):
                 continue
@@ -153,6 +167,40 @@ class EvalWithoutNoGrad(Rule):
                     "comes; `model.eval()` does not turn gradients off",
                     hint="wrap it in `with torch.no_grad():` (or `torch.inference_mode()`), "
                     "or decorate the function with `@torch.no_grad()`",
+                )
+
+    def _eval_only_methods(self, fl: FileLoops) -> None:
+        """A module's method whose layers run only in eval mode (`if not self.training:`),
+        called by the project (`model.module.mask_net(...)`), in a project none of whose
+        files turns gradients off: every call builds the graph of an inference pass."""
+        project = self.ctx.project
+        if project.turns_grad_off or "self.training" not in self.ctx.source:
+            return
+        for fi in fl.all_functions():
+            node = fi.node
+            if (
+                fi.cls is None
+                or fi.parent is not None
+                or not any(
+                    not is_test_code(project.inside(path))
+                    for path in project.outside_calls.get(fi.name, ())
+                )
+                or fi.name in ("forward", "__init__", "__call__")
+                or not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                or not _in_module_class(self, fi)
+                or _NEEDS_GRAD.search(fi.text)
+            ):
+                continue
+            for call, key, test in eval_only_runs(self.ctx, fi.cls, node)[:1]:
+                self.report(
+                    call,
+                    f"`{key}` runs in {fi.label}, which runs only in eval mode "
+                    f"(`if {ast.unparse(test.test)}:` at line {test.lineno}), with gradients "
+                    f"on: the project calls `.{fi.name}()` and none of its files turns "
+                    "gradients off around it, so autograd keeps every activation of this inference "
+                    "pass alive for a backward() that never comes",
+                    hint="decorate the method with `@torch.no_grad()` (or wrap its callers "
+                    "in `with torch.no_grad():` / `torch.inference_mode()`)",
                 )
 
 

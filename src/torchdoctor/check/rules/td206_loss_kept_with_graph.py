@@ -17,6 +17,7 @@ from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.lines import line_end
 from torchdoctor.check.rule import Fix, FixAvailability, Rule, Severity
+from torchdoctor.check.rules._kept_by_callers import report_kept_for_callers
 from torchdoctor.check.tree_walk import walk
 
 # Calls that give a plain number or a graph-free tensor.
@@ -45,6 +46,13 @@ class LossKeptWithGraph(Rule):
     parts, values from the same forward pass count (`out, attn = model(x)` with
     `loss = criterion(out, y)`: `attn`), also through a function of the project
     that returns a differentiable transform of them (`attn.max(dim=1)[0].mean()`).
+
+    A training step may be split across methods: a method that stores the loss it
+    returns into an object it is given that keeps every value (`stats["loss"] = loss`,
+    where the class's `__setitem__` appends it; the class from the parameter's annotation
+    or its docstring's `:type stats:` field) is reported when a method of its class
+    family (another file too) passes it an object of its own state (`self.stats`) and
+    runs `backward()` on the returned loss.
 
     ## Why is this bad?
     `total += loss` makes `total` a tensor whose `grad_fn` links to this step's
@@ -93,13 +101,17 @@ class LossKeptWithGraph(Rule):
     category = "training"
     severity = Severity.WARNING
     fix_availability = FixAvailability.SAFE
-    triggers: ClassVar[tuple[str, ...]] = ("backward",)
+    # `] =`: a method that stores the loss its callers backward() (_kept_by_callers)
+    triggers: ClassVar[tuple[str, ...]] = ("backward", "] =")
 
     _following: set[str]
 
     def finish(self) -> None:
         self._following = set()
         if not is_torch_file(self.ctx.source):
+            return
+        report_kept_for_callers(self)
+        if "backward" not in self.ctx.source:
             return
         fl = analysis(self.ctx)
         helpers = any(fl.backward_params(fi) for fi in fl.all_functions())

@@ -4,8 +4,8 @@ import ast
 import re
 from typing import ClassVar
 
-from torchdoctor.check.analysis.project_facts import builds_batchnorm1d
 from torchdoctor.check.analysis.scope_index import own_calls
+from torchdoctor.check.analysis.text_facts import builds_batchnorm1d
 from torchdoctor.check.analysis.torch_api import LIBRARY
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder
