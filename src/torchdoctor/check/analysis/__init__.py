@@ -75,10 +75,12 @@ interpreters see the per-file objects above them only through protocols):
 - `loop_passes`   a loop's second iteration, run from the state the first one leaves: when
                   it can meet something new, and which of its meetings stand (not under
                   `if i == 0:`, not in a loop over one element)
-- `scope_core` < `scope_exprs` < `scope_library` < `scope_moves` < `scope_calls` < `scope`
+- `scope_core` < `scope_exprs` < `scope_library` < `scope_moves` < `scope_methods`
+  < `scope_calls` < `scope`
                   the scope interpreter (one function or module body), one layer per job:
-                  state, expressions, library calls, tensor methods and moves, calls,
-                  statements with loops run to a fixpoint
+                  state, expressions, library calls, tensor methods and moves, module calls
+                  and methods, calls followed into functions, statements with loops run
+                  to a fixpoint
 - `file_index` < `file_flow`   one file's functions and classes; the scope cache and the
                   seeding of parameters from call sites in the file and the project
 - `project_facts` cross-file call facts (what other files pass to a function) and
