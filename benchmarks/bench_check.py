@@ -140,8 +140,10 @@ def side_by_side(check: Sequence[str], parse: Sequence[str], runs: int) -> list[
     Rounds of interleaved runs still drift apart when the VM's speed changes between
     them (the rounds of one run have spread from 3.4x to 4.7x). Here each round starts
     one check and, beside it, runs the bare parse again and again until the check ends:
-    both see the same machine. A round's ratio is the check's CPU over the mean CPU of
-    the parses that ran beside it (the last one is waited for, and counts)."""
+    both see the same drift. A round's ratio is the check's CPU over the mean CPU of
+    the parses that ran beside it (the last one is waited for, and counts). Sharing
+    the machine's caches raises this ratio above the interleaved one: it compares
+    commits with each other, not with the goal."""
     ratios = []
     for _ in range(runs):
         checking = subprocess.Popen(check, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
