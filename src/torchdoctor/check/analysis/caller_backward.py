@@ -88,17 +88,3 @@ def _callers_in(fl: FileLoops, g: FunctionInfo, name: str) -> list[TrainingCalle
                 where = os.path.basename(fl.ctx.path)
                 found.append(TrainingCaller(g, call, position, back.line, where))
     return found
-
-
-def argument_for(call: ast.Call, callee: FunctionInfo, param: str) -> ast.expr | None:
-    """The argument of `call` (a call of `callee` on `self`) that fills `param`."""
-    for keyword in call.keywords:
-        if keyword.arg == param:
-            return keyword.value
-    params = callee.params()
-    if param not in params:
-        return None
-    index = params.index(param)
-    if any(isinstance(a, ast.Starred) for a in call.args[: index + 1]):
-        return None
-    return call.args[index] if index < len(call.args) else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 
-from torchdoctor.check.analysis.syntax import encloses
+from torchdoctor.check.analysis.syntax import encloses, loop_counter
 from torchdoctor.check.analysis.values import Env, Kind, Mismatch, Place
 from torchdoctor.check.tree_walk import walk
 
@@ -56,25 +56,16 @@ def one_pass_branches(loop: ast.stmt) -> list[ast.stmt]:
     """Statements of the loop body that run on one pass only: the body of an
     `if i == c:` (or `if not i:`) on the loop's counter (`for i in range(n)`,
     `for i, b in enumerate(...)`) that nothing else in the loop rebinds."""
-    if not isinstance(loop, ast.For | ast.AsyncFor) or not isinstance(loop.iter, ast.Call):
+    counter = loop_counter(loop)
+    if counter is None or not isinstance(loop, ast.For | ast.AsyncFor):
         return []
-    func = loop.iter.func
-    name = func.id if isinstance(func, ast.Name) else None
-    target = loop.target
-    if name == "enumerate" and isinstance(target, ast.Tuple) and target.elts:
-        target = target.elts[0]
-    elif name != "range":
-        return []
-    if not isinstance(target, ast.Name):
-        return []
-    counter = target.id
     found: list[ast.stmt] = []
     for node in walk(loop):
         if (
             isinstance(node, ast.Name)
             and node.id == counter
             and isinstance(node.ctx, ast.Store)
-            and node is not target
+            and not any(node is part for part in walk(loop.target))
         ):
             return []  # rebound in the body: not a counter
         if isinstance(node, ast.If) and _pins(node.test, counter):

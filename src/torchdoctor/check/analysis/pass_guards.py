@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from torchdoctor.check.analysis.events import Event, if_branches_within
 from torchdoctor.check.analysis.path_guards import TRUTHY, conds_of
-from torchdoctor.check.analysis.syntax import bound_keys, dotted, encloses
+from torchdoctor.check.analysis.syntax import bound_keys, dotted, encloses, loop_counter
 from torchdoctor.check.tree_walk import walk
 
 
@@ -44,18 +44,9 @@ def loop_counters(loop: ast.AST, event: Event, extra: Sequence[ast.AST] = ()) ->
     of `range(...)` or the index of `enumerate(...)`, and what the loop body copies it
     into (`self.batch_index = i`, a statement of the body ahead of `event`), when nothing
     else in the loop or `extra` assigns them."""
-    if not isinstance(loop, ast.For) or not isinstance(loop.iter, ast.Call):
+    counter = loop_counter(loop) if isinstance(loop, ast.For) else None
+    if counter is None or not isinstance(loop, ast.For):
         return set()
-    func = loop.iter.func
-    name = func.id if isinstance(func, ast.Name) else None
-    target = loop.target
-    if name == "enumerate" and isinstance(target, ast.Tuple) and target.elts:
-        target = target.elts[0]
-    elif name != "range":
-        return set()
-    if not isinstance(target, ast.Name):
-        return set()
-    counter = target.id
     found = {counter}
     at = event.site if event.site is not None else event.node
     line = getattr(at, "lineno", 0)

@@ -202,6 +202,21 @@ def binding_targets(
     return []
 
 
+def loop_counter(loop: ast.AST) -> str | None:
+    """The name holding a loop's pass number: the target of `for i in range(...)`, or the
+    index of `for i, b in enumerate(...)`; None for any other loop."""
+    if not isinstance(loop, ast.For | ast.AsyncFor) or not isinstance(loop.iter, ast.Call):
+        return None
+    func = loop.iter.func
+    name = func.id if isinstance(func, ast.Name) else None
+    target = loop.target
+    if name == "enumerate" and isinstance(target, ast.Tuple) and target.elts:
+        target = target.elts[0]
+    elif name != "range":
+        return None
+    return target.id if isinstance(target, ast.Name) else None
+
+
 def bound_keys(node: ast.AST, *, comprehensions: bool = False) -> list[str]:
     """The dotted names (`x`, `self.h`) a statement or `with` item binds: assignment
     and loop targets, `as` names; with `comprehensions`, also walrus and comprehension

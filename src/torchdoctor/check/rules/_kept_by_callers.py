@@ -10,11 +10,12 @@ from __future__ import annotations
 import ast
 import re
 
-from torchdoctor.check.analysis.caller_backward import argument_for, training_callers
+from torchdoctor.check.analysis.caller_backward import training_callers
+from torchdoctor.check.analysis.class_calls import argument_for
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.kept_state import receiver_class, stored_and_kept
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import binding_targets, dotted
 from torchdoctor.check.rule import Rule
 
 # `stats["loss"] = loss`: a plain name stored under a key of a plain name (any line end)
@@ -56,7 +57,7 @@ def report_kept_for_callers(rule: Rule) -> None:
             for caller in callers:
                 if caller.position not in returned[value]:
                     continue
-                argument = argument_for(caller.call, fi, receiver)
+                argument = argument_for(fi, caller.call, receiver)
                 held = dotted(argument) if argument is not None else None
                 if held is None or not held.startswith("self."):
                     continue  # an object the caller keeps: not one made for this call
@@ -125,13 +126,8 @@ def _bound_twice(fi: FunctionInfo, name: str) -> bool:
         return True
     count = 0
     for stmt in fi.own_statements():
-        targets: list[ast.expr] = []
-        if isinstance(stmt, ast.Assign):
-            targets = list(stmt.targets)
-        elif isinstance(stmt, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
-            targets = [stmt.target]
-        elif isinstance(stmt, ast.With | ast.AsyncWith):
-            targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
+        parts = stmt.items if isinstance(stmt, ast.With | ast.AsyncWith) else [stmt]
+        targets = [t for part in parts for t in binding_targets(part)]
         count += sum(
             1 for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == name
         )

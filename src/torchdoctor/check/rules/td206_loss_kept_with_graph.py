@@ -13,7 +13,7 @@ from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.graph_flow import graph_passing_parameter
 from torchdoctor.check.analysis.kept_state import kept_arguments
 from torchdoctor.check.analysis.names import is_torch_file
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import binding_targets, dotted
 from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.lines import line_end
 from torchdoctor.check.rule import Fix, FixAvailability, Rule, Severity
@@ -277,13 +277,8 @@ class LossKeptWithGraph(Rule):
 
 def _bound_names(stmt: ast.stmt) -> list[str]:
     """The plain names `stmt` binds itself (not in nested statements)."""
-    targets: list[ast.expr] = []
-    if isinstance(stmt, ast.Assign):
-        targets = list(stmt.targets)
-    elif isinstance(stmt, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
-        targets = [stmt.target]
-    elif isinstance(stmt, ast.With | ast.AsyncWith):
-        targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
+    parts = stmt.items if isinstance(stmt, ast.With | ast.AsyncWith) else [stmt]
+    targets = [t for part in parts for t in binding_targets(part)]
     return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
