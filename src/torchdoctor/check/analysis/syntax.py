@@ -202,6 +202,14 @@ def binding_targets(
     return []
 
 
+def bound_names(stmt: ast.stmt) -> list[str]:
+    """The plain names in the targets `stmt` binds itself (not in nested statements),
+    once per occurrence: assignment and loop targets, each `with` item's `as` name."""
+    parts = stmt.items if isinstance(stmt, ast.With | ast.AsyncWith) else [stmt]
+    targets = [t for part in parts for t in binding_targets(part)]
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+
+
 def loop_counter(loop: ast.AST) -> str | None:
     """The name holding a loop's pass number: the target of `for i in range(...)`, or the
     index of `for i, b in enumerate(...)`; None for any other loop."""

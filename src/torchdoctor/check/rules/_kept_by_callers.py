@@ -15,7 +15,7 @@ from torchdoctor.check.analysis.class_calls import argument_for
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.kept_state import receiver_class, stored_and_kept
-from torchdoctor.check.analysis.syntax import binding_targets, dotted
+from torchdoctor.check.analysis.syntax import bound_names, dotted, encloses
 from torchdoctor.check.rule import Rule
 
 # `stats["loss"] = loss`: a plain name stored under a key of a plain name (any line end)
@@ -84,9 +84,7 @@ def _reset_each_pass(caller: FunctionInfo, call: ast.Call, held: str) -> bool:
     Stats()`, `self.stats.clear()`): it keeps one step's values at most."""
     loop: ast.AST | None = None
     for node in ast.walk(caller.node):  # outer loops first: the last one found is innermost
-        if isinstance(node, ast.For | ast.AsyncFor | ast.While) and any(
-            n is call for n in ast.walk(node)
-        ):
+        if isinstance(node, ast.For | ast.AsyncFor | ast.While) and encloses(node, call):
             loop = node
     if loop is None:
         return False
@@ -124,11 +122,4 @@ def _bound_twice(fi: FunctionInfo, name: str) -> bool:
     returned may differ (`loss = loss.item()` between them)."""
     if name in fi.params():
         return True
-    count = 0
-    for stmt in fi.own_statements():
-        parts = stmt.items if isinstance(stmt, ast.With | ast.AsyncWith) else [stmt]
-        targets = [t for part in parts for t in binding_targets(part)]
-        count += sum(
-            1 for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == name
-        )
-    return count != 1
+    return sum(bound_names(stmt).count(name) for stmt in fi.own_statements()) != 1

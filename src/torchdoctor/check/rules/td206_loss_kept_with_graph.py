@@ -13,7 +13,7 @@ from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.graph_flow import graph_passing_parameter
 from torchdoctor.check.analysis.kept_state import kept_arguments
 from torchdoctor.check.analysis.names import is_torch_file
-from torchdoctor.check.analysis.syntax import binding_targets, dotted
+from torchdoctor.check.analysis.syntax import bound_names, dotted
 from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.lines import line_end
 from torchdoctor.check.rule import Fix, FixAvailability, Rule, Severity
@@ -213,7 +213,7 @@ class LossKeptWithGraph(Rule):
         `score = diagonal_score(attn)` with `attn` carrying one."""
         values: list[ast.expr] = []
         for stmt in fi.own_statements():
-            for target in _bound_names(stmt):
+            for target in bound_names(stmt):
                 if target == name:
                     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
                         return None
@@ -273,13 +273,6 @@ class LossKeptWithGraph(Rule):
             fix=fix,
             hint=f"accumulate `{culprit}.item()` (a float) or `{culprit}.detach()`",
         )
-
-
-def _bound_names(stmt: ast.stmt) -> list[str]:
-    """The plain names `stmt` binds itself (not in nested statements)."""
-    parts = stmt.items if isinstance(stmt, ast.With | ast.AsyncWith) else [stmt]
-    targets = [t for part in parts for t in binding_targets(part)]
-    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
 def _scope_node(fi: FunctionInfo) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.Module:
