@@ -62,6 +62,7 @@ class FileFlow(FileIndex):
         """Drop the cached facts (they reference the syntax tree)."""
         self._scopes.clear()
         self._call_facts.clear()
+        self._foreign_functions.clear()
         super().release()
 
     # -- scopes ------------------------------------------------------------------------
@@ -171,7 +172,16 @@ class FileFlow(FileIndex):
         a package `__init__` that re-exports it is followed once. With that file's
         facts; None: not one (a library's function, a class, a name not found)."""
         if qual in self._foreign_functions:
-            return self._foreign_functions[qual]
+            found = self._foreign_functions[qual]
+        else:
+            found = self._foreign_functions[qual] = self._find_function(qual)
+        if found is not None:
+            # that file's facts are shared by every file asking: each asks with a full
+            # budget, so what it is told does not depend on what was asked before
+            found[0]._call_budget = self.CALL_BUDGET  # type: ignore[attr-defined]
+        return found
+
+    def _find_function(self, qual: str) -> ForeignMethod | None:
         found: ForeignMethod | None = None
         ctx, target = self.ctx, qual
         for _ in range(2):  # the import, then one re-export in a package `__init__`
@@ -186,14 +196,12 @@ class FileFlow(FileIndex):
             flow = file_flow(other.ctx)
             func = flow.toplevel_functions.get(last)
             if func is not None:
-                flow._call_budget = self.CALL_BUDGET  # as foreign_method: a full budget
                 found = (flow, func)
                 break
             ctx, reexport = other.ctx, other.ctx.imports.get(last)
             if reexport is None:
                 break
             target = reexport
-        self._foreign_functions[qual] = found
         return found
 
     def returned_tensor(self, func: AnyFunction) -> Value:

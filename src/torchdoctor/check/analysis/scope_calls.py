@@ -273,6 +273,7 @@ class ScopeCalls(ScopeMethods):
         if (
             qual
             and base is not None
+            and any(informative(v) for v in (*args, *(v for _, v in keywords)))
             and base in self.ctx.imports
             and (self.env is None or base not in self.env)
             and base not in self.ff.toplevel_functions
