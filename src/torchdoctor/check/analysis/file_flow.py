@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.file_index import FileIndex
-from torchdoctor.check.analysis.file_loops import project_file
+from torchdoctor.check.analysis.file_loops import project_file, sibling_file
 from torchdoctor.check.analysis.interfaces import ForeignMethod
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
@@ -56,11 +56,13 @@ class FileFlow(FileIndex):
         self._call_facts: dict[object, CallFacts | None] = {}
         self._call_budget = self.CALL_BUDGET
         self._calls_in_progress: set[ast.AST] = set()
+        self._foreign_functions: dict[str, ForeignMethod | None] = {}
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
         self._scopes.clear()
         self._call_facts.clear()
+        self._foreign_functions.clear()
         super().release()
 
     # -- scopes ------------------------------------------------------------------------
@@ -162,6 +164,45 @@ class FileFlow(FileIndex):
         if method is None or _is_static(method):
             return None
         return flow, method
+
+    def foreign_function(self, qual: str) -> ForeignMethod | None:
+        """The top-level function of another project file that the dotted name `qual`
+        (a call's callee, imports resolved) means: `iterate_tqdm` after `from
+        utils.print_utils import iterate_tqdm`, `utils.get_device` after `import utils`;
+        a package `__init__` that re-exports it is followed once. With that file's
+        facts; None: not one (a library's function, a class, a name not found)."""
+        if qual in self._foreign_functions:
+            found = self._foreign_functions[qual]
+        else:
+            found = self._foreign_functions[qual] = self._find_function(qual)
+        if found is not None:
+            # that file's facts are shared by every file asking: each asks with a full
+            # budget, so what it is told does not depend on what was asked before
+            found[0]._call_budget = self.CALL_BUDGET  # type: ignore[attr-defined]
+        return found
+
+    def _find_function(self, qual: str) -> ForeignMethod | None:
+        found: ForeignMethod | None = None
+        ctx, target = self.ctx, qual
+        for _ in range(2):  # the import, then one re-export in a package `__init__`
+            module, _, last = target.rpartition(".")
+            if not module.strip(".") or not last[:1].islower():
+                break  # `from . import f` (a package's own name), or a class
+            if module.lstrip(".").rpartition(".")[2] not in _module_stems(ctx):
+                break  # no project file or package has that name: a library
+            other = sibling_file(ctx, module, by_tail=True)
+            if other is None:
+                break
+            flow = file_flow(other.ctx)
+            func = flow.toplevel_functions.get(last)
+            if func is not None:
+                found = (flow, func)
+                break
+            ctx, reexport = other.ctx, other.ctx.imports.get(last)
+            if reexport is None:
+                break
+            target = reexport
+        return found
 
     def returned_tensor(self, func: AnyFunction) -> Value:
         """What `func` returns, when that is a tensor it made on the CPU, a tensor it puts
@@ -518,6 +559,23 @@ class FileFlow(FileIndex):
                 values[key] = value
         # parameters not passed take their defaults: unknown
         return {k: _as_parameter(k, v) for k, v in values.items()}
+
+
+def _module_stems(ctx: FileContext) -> frozenset[str]:
+    """The names of the project's modules and packages (file stems, folders holding an
+    `__init__.py`), once per run: an import naming none of them is a library's."""
+    disk = ctx.project.disk
+    found = disk.get("module_stems")
+    if not isinstance(found, frozenset):
+        stems: set[str] = set()
+        for path in ctx.project.paths:
+            folder, _, name = path.rpartition("/")
+            if name == "__init__.py":
+                stems.add(folder.rpartition("/")[2])
+            elif name.endswith(".py"):
+                stems.add(name[:-3])
+        found = disk["module_stems"] = frozenset(stems)
+    return found
 
 
 def _is_staticmethod(func: AnyFunction) -> bool:
