@@ -86,8 +86,9 @@ interpreters see the per-file objects above them only through protocols):
                   state, expressions, library calls, tensor methods and moves, module calls
                   and methods, calls followed into functions, statements with loops run
                   to a fixpoint
-- `file_index` < `file_flow`   one file's functions and classes; the scope cache and the
-                  seeding of parameters from call sites in the file and the project
+- `file_index` < `flow_seeds` < `file_flow`   one file's functions and classes; the
+                  seeding of parameters from call sites in the file and the project; the
+                  scope cache and the calls followed into other files
 - `project_facts` cross-file call facts (what other files pass to a function) and
                   `build_project`, the ProjectIndex of a whole run
 - `text_facts`    the project facts read from a file's text before any parse (classes
