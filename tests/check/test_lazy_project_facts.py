@@ -57,3 +57,37 @@ def test_the_fingerprint_follows_the_wrapping_files_text() -> None:
     changed = _project(TRAIN.replace("save_state(net, path)", "save_state(net.module, path)"))
     assert changed.wrapped_digest != before.wrapped_digest
     assert changed.fingerprint() != before.fingerprint()
+
+
+SAVER = """\
+import os
+
+import torch
+
+
+def save_bundle(folder, net, table):
+    names = table.index.to_numpy()
+    torch.save({"net": net.state_dict(), "names": names}, os.path.join(folder, "bundle.pt"))
+"""
+
+OTHER_SAVER = """\
+import torch
+
+
+def save_state(net, path):
+    torch.save(net.state_dict(), path)
+"""
+
+
+def test_saves_are_analysed_only_for_the_files_that_write_the_asked_name() -> None:
+    index = build_project(
+        [("p/saver.py", SAVER), ("p/other_saver.py", OTHER_SAVER), ("p/train.py", TRAIN)]
+    )
+    assert [path for path, _ in index.saving_files] == ["p/saver.py", "p/other_saver.py"]
+    assert index._saves == {}  # nothing analysed while the project is indexed
+    (fact,) = index.saved_files_for(["lit:bundle.pt"])
+    assert (fact.path, fact.line, fact.key) == ("p/saver.py", 8, "lit:bundle.pt")
+    assert "NumPy" in fact.what
+    # other_saver.py never names bundle.pt: its text rules it out before any parse
+    assert list(index._saves) == ["p/saver.py"]
+    assert index.saved_files_for(["lit:missing.pt"]) == ()
