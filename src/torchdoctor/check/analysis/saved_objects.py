@@ -219,6 +219,10 @@ class SavedObjects:
             generic = self._type_argument(value.id, scope)
             if generic is not None:
                 return generic
+            params = getattr(scope, "args", None)
+            arg = next((a for a in params.args if a.arg == value.id), None) if params else None
+            if arg is not None and arg.annotation is not None and holds_array(ctx, arg.annotation):
+                return f"a NumPy array (`{value.id}: {ctx.segment(arg.annotation)}`)"
             if scope is not ctx.tree and _MODEL_NAME.fullmatch(value.id):
                 params = getattr(scope, "args", None)
                 if params is not None and any(a.arg == value.id for a in params.args):
