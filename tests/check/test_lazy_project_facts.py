@@ -60,6 +60,55 @@ def test_the_fingerprint_follows_the_wrapping_files_text() -> None:
 
 
 SAVER = """\
+import torch
+
+from models import Net
+
+
+def export(model, path):
+    torch.save(model, path)
+
+
+torch.save(Net(), "net.pt")
+"""
+
+MODELS = """\
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = lambda x: x
+"""
+
+
+def _pickling_project(saver: str = SAVER):
+    return build_project([("p/saver.py", saver), ("p/models.py", MODELS)])
+
+
+def test_module_pickles_are_parsed_only_when_a_rule_asks() -> None:
+    index = _pickling_project()
+    assert index._pickles is None  # nothing parsed while the project is indexed
+    sites = {(where, text, cls) for where, text, cls, _ in index.module_pickles}
+    assert sites == {
+        ("p/saver.py:7", "torch.save(model, path)", ""),
+        ("p/saver.py:10", 'torch.save(Net(), "net.pt")', "Net"),
+    }
+    assert index._pickles is not None  # built once, then kept
+
+
+def test_the_fingerprint_follows_the_pickling_files_text() -> None:
+    before = _pickling_project()
+    assert _pickling_project().fingerprint() == before.fingerprint()
+    changed = _pickling_project(
+        SAVER.replace("torch.save(model, path)", "torch.save(model.state_dict(), path)")
+    )
+    assert changed.pickles_digest != before.pickles_digest
+    assert changed.fingerprint() != before.fingerprint()
+
+
+BUNDLE_SAVER = """\
 import os
 
 import torch
@@ -81,7 +130,7 @@ def save_state(net, path):
 
 def test_saves_are_analysed_only_for_the_files_that_write_the_asked_name() -> None:
     index = build_project(
-        [("p/saver.py", SAVER), ("p/other_saver.py", OTHER_SAVER), ("p/train.py", TRAIN)]
+        [("p/saver.py", BUNDLE_SAVER), ("p/other_saver.py", OTHER_SAVER), ("p/train.py", TRAIN)]
     )
     assert [path for path, _ in index.saving_files] == ["p/saver.py", "p/other_saver.py"]
     assert index._saves == {}  # nothing analysed while the project is indexed
@@ -91,3 +140,14 @@ def test_saves_are_analysed_only_for_the_files_that_write_the_asked_name() -> No
     # other_saver.py never names bundle.pt: its text rules it out before any parse
     assert list(index._saves) == ["p/saver.py"]
     assert index.saved_files_for(["lit:missing.pt"]) == ()
+
+
+def test_the_fingerprint_follows_the_saving_files_text() -> None:
+    files = [("p/saver.py", BUNDLE_SAVER), ("p/train.py", TRAIN)]
+    before = build_project(files)
+    changed = build_project(
+        [("p/saver.py", BUNDLE_SAVER.replace("bundle.pt", "other.pt")), ("p/train.py", TRAIN)]
+    )
+    assert build_project(files).fingerprint() == before.fingerprint()
+    assert changed.saves_digest != before.saves_digest
+    assert changed.fingerprint() != before.fingerprint()

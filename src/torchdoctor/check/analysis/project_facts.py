@@ -48,6 +48,7 @@ from torchdoctor.check.context import FileContext
 from torchdoctor.check.project import (
     CallFact,
     GenericFacts,
+    ModulePickles,
     ProjectIndex,
     SavedFile,
     WrappedFacts,
@@ -248,10 +249,14 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         index.saves_build = _saved_files
         index.saves_digest = _texts_digest(saving)
     if pickling and count > 1:  # a lone file sees its own pickles
-        index.module_pickles = tuple(
-            site for ctx in _contexts(index, pickling) for site in project_pickles(ctx)
-        )
+        index.pickles_build = functools.partial(_module_pickles, tuple(pickling))
+        index.pickles_digest = _texts_digest(pickling)
     return index
+
+
+def _module_pickles(files: tuple[tuple[str, str], ...], index: ProjectIndex) -> ModulePickles:
+    """The whole-module pickles of `files` (ProjectIndex.module_pickles)."""
+    return tuple(site for ctx in _contexts(index, files) for site in project_pickles(ctx))
 
 
 # A `torch.save(` call (or `serialization.save(`): a file whose saves TD406 may ask about.
