@@ -36,9 +36,7 @@ _NOT_PROJECT = frozenset({"torch", "numpy", "typing", "collections", "builtins"}
 # Bases whose objects weights_only loads, or may (a tensor subclass, a typed dict).
 _DATA_BASE = re.compile(r"Tensor|Parameter|TypedDict|\bdict\b|torch\.")
 # Annotations of containers whose elements an annotation names (`dict[str, NDArray]`).
-_CONTAINERS = frozenset(
-    {"dict", "Dict", "list", "List", "tuple", "Tuple", "Mapping", "Sequence", "OrderedDict"}
-)
+_CONTAINERS = frozenset({"dict", "Dict", "list", "List", "Mapping", "Sequence", "OrderedDict"})
 # A file name worth matching across files: a stem of letters before the suffix
 # (`model.pt`, `best_ckpt.pth`), not a bare suffix (`.pt`) or a number.
 _NAMED_FILE = re.compile(r"[A-Za-z][\w\-.]*\.\w+")
@@ -389,6 +387,8 @@ def holds_array(ctx: FileContext, annotation: ast.expr) -> bool:
         )
         if last == "Union":
             return all(holds_array(ctx, item) for item in items)
+        if last in ("tuple", "Tuple"):  # each of its items (`tuple[dict, NDArray]`)
+            return any(holds_array(ctx, item) for item in items)
         if last in _CONTAINERS:  # the values of a dict, the items of a list
             return holds_array(ctx, items[-1])
         return _is_array(outer)
