@@ -235,7 +235,7 @@ class ProjectIndex:
     def module_pickles(self) -> ModulePickles:
         """Calls of the project that pickle a whole module: (where "path:line", the
         call's text, the module class or "" when the code does not show which, the
-        top-level names its file imports) (analysis/module_pickles.py; TD405 asks in
+        dotted names its file imports) (analysis/module_pickles.py; TD405 asks in
         files that pickle nothing themselves)."""
         if self._pickles is None:
             self._pickles = self.pickles_build(self) if self.pickles_build is not None else ()

@@ -43,7 +43,12 @@ function's, with what it passes. A method called on an object of a plain class
 another project file's (`from agents import *`, `FileIndex.project_class`: a Kind.CLASS
 value a name may hold), the method is read and followed in that file
 (`FileFlow.foreign_method`, through `file_loops.project_file`: file_flow's one upward
-import, acyclic since file_loops imports no scope or flow module).
+import, acyclic since file_loops imports no scope or flow module). A call of another
+project file's function (`from utils.progress import iterate_tqdm`, `utils.helper(x)`;
+through one re-exporting package `__init__`) is followed there the same way
+(`FileFlow.foreign_function`): its meetings are reported at the call, and its result
+is kept only where it is one of the values the call passes (`tqdm(it)` or `it`): what
+it makes names that file's lines.
 
 Values (`values.py`): a `Value` says what an expression holds: its `Kind` (module,
 tensor, batch from a loader, loader, parameters, device, container, ...), its `Place`
@@ -81,8 +86,9 @@ interpreters see the per-file objects above them only through protocols):
                   state, expressions, library calls, tensor methods and moves, module calls
                   and methods, calls followed into functions, statements with loops run
                   to a fixpoint
-- `file_index` < `file_flow`   one file's functions and classes; the scope cache and the
-                  seeding of parameters from call sites in the file and the project
+- `file_index` < `flow_seeds` < `file_flow`   one file's functions and classes; the
+                  seeding of parameters from call sites in the file and the project; the
+                  scope cache and the calls followed into other files
 - `project_facts` cross-file call facts (what other files pass to a function) and
                   `build_project`, the ProjectIndex of a whole run
 - `text_facts`    the project facts read from a file's text before any parse (classes

@@ -75,13 +75,14 @@ def may_pickle_modules(source: str) -> bool:
 
 
 def project_pickles(ctx: FileContext) -> list[tuple[str, str, str, tuple[str, ...]]]:
-    """(where "path:line", the call's text, the class or "", the top-level names the file
+    """(where "path:line", the call's text, the class or "", the dotted names the file
     imports) of this file's module pickles: the pickled model is built from the files of
     its folder and of the packages it imports (`reaches`)."""
     found = module_pickles(ctx)
     if not found:
         return []
-    imported = tuple(sorted({target.split(".", 1)[0] for target in ctx.imports.values()} - {""}))
+    # the dotted names it imports (`kit.models.Net`, `..models.Net`)
+    imported = tuple(sorted({t for t in ctx.imports.values() if t}))
     return [
         (f"{ctx.path}:{p.call.lineno}", ctx.segment(p.call)[:60], p.cls, imported) for p in found
     ]
@@ -91,7 +92,10 @@ def reaches(site: str, imported: tuple[str, ...], path: str) -> bool:
     """Whether the program of the pickle at file `site` may use the file `path`: one
     in the site's folder (or below), or in a package it imports by name, a folder beside
     one of the site's folders (`tests/test_save.py` importing `zoo` uses `zoo/...`). A
-    folder of unrelated examples (`a/train.py`, `b/net.py`) is another program."""
+    folder of unrelated examples (`a/train.py`, `b/net.py`) is another program. Inside
+    the package the site lies in, only the modules it imports by their dotted name count:
+    every module of `torch` imports `torch`, which does not make a test helper of
+    `torch/testing/` pickle the models of `torch/_dynamo/`."""
     if not site:
         return False  # a text with no path: where it lies is unknown
     here = os.path.dirname(os.path.abspath(site))
@@ -99,11 +103,32 @@ def reaches(site: str, imported: tuple[str, ...], path: str) -> bool:
     if target.startswith(here + os.sep):
         return True
     parts = target.split(os.sep)
-    for i, part in enumerate(parts[:-1]):
-        if part in imported:
-            parent = os.sep.join(parts[:i])
-            if here == parent or here.startswith(parent + os.sep):
+    parts[-1] = os.path.splitext(parts[-1])[0]  # `models.py` is the module `models`
+    for dotted in imported:
+        if dotted.startswith("."):  # `from ..models import Net`: from the site's folder
+            level = len(dotted) - len(dotted.lstrip("."))
+            base = here
+            for _ in range(level - 1):
+                base = os.path.dirname(base)
+            first = dotted.lstrip(".").split(".", 1)[0]
+            module = os.path.join(base, first)
+            if first and (target == module + ".py" or target.startswith(module + os.sep)):
                 return True
+            continue
+        names = dotted.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if part != names[0]:
+                continue
+            parent = os.sep.join(parts[:i])
+            if not (here == parent or here.startswith(parent + os.sep)):
+                continue
+            package = os.path.join(parent, part)
+            if here == package or here.startswith(package + os.sep):
+                # its own package: the imported module must lead to the file
+                if len(names) > 1 and parts[i + 1 : i + 2] == names[1:2]:
+                    return True
+                continue
+            return True
     return False
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.scope_methods import ScopeMethods
@@ -268,6 +269,24 @@ class ScopeCalls(ScopeMethods):
             owner, defined = foreign
             returned = self._follow_call(node, defined, args, keywords, on_object=True, owner=owner)
             return returned or UNKNOWN
+        base = _base_name(func)
+        if (
+            qual
+            and base is not None
+            and any(informative(v) for v in (*args, *(v for _, v in keywords)))
+            and base in self.ctx.imports
+            and (self.env is None or base not in self.env)
+            and base not in self.ff.toplevel_functions
+        ):
+            # a function of another project file: followed there with what this passes
+            foreign_fn = self.ff.foreign_function(qual)
+            if foreign_fn is not None:
+                owner, defined = foreign_fn
+                returned = self._follow_call(node, defined, args, keywords, owner=owner)
+                # only what it hands back of what this call passes (`tqdm(it)` or `it`):
+                # what it makes names that file's lines and nodes
+                passed = [*args, *(v for _, v in keywords)]
+                return returned if returned is not None and _one_of(returned, passed) else UNKNOWN
         target = self._same_file_callee(func, recv)
         if target is not None:
             on_object = recv is not None and recv.kind is Kind.OBJECT
@@ -324,7 +343,8 @@ class ScopeCalls(ScopeMethods):
         if facts is None:
             return None
         if self._meeting:
-            self._meetings_inside(node, target, passed, facts.mismatches)
+            where = os.path.basename(owner.ctx.path) + " " if owner is not None else ""
+            self._meetings_inside(node, target, passed, facts.mismatches, where)
         if on_object and me is not None and isinstance(node.func, ast.Attribute):
             # `self.device` inside the method is `agent.device` here
             return _renamed(facts.returned, me.arg, self._text(node.func.value))
@@ -336,6 +356,7 @@ class ScopeCalls(ScopeMethods):
         target: AnyFunction,
         passed: list[tuple[str, ast.expr, Value]],
         inside: tuple[Mismatch, ...],
+        where: str = "",
     ) -> None:
         cpu = [
             (p, n, v)
@@ -363,7 +384,7 @@ class ScopeCalls(ScopeMethods):
                         met[2],
                         "call",
                         path=f"`{target.name}` combines its `{name}` with a tensor on the "
-                        f"device (line {line})",
+                        f"device ({where}line {line})",
                         callee=target,
                         inner=m,
                     )
@@ -393,6 +414,21 @@ class ScopeCalls(ScopeMethods):
         elif recv is not None and recv.kind in (Kind.MODULE, Kind.OBJECT) and recv.cls:
             cls = ff.classes.get(recv.cls)
         return ff.methods(cls).get(func.attr) if cls is not None else None
+
+
+def _base_name(func: ast.expr) -> str | None:
+    """The name a callee's dotted chain starts with (`utils` of `utils.io.load`)."""
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def _one_of(value: Value, passed: list[Value]) -> bool:
+    """Whether `value` is one of the values `passed` (the same value, or from the same
+    node of the caller's code)."""
+    return value is not UNKNOWN and any(
+        value == p or (value.source is not None and value.source is p.source) for p in passed
+    )
 
 
 def _renamed(value: Value, old: str, new: str) -> Value:
