@@ -106,3 +106,48 @@ def test_the_fingerprint_follows_the_pickling_files_text() -> None:
     )
     assert changed.pickles_digest != before.pickles_digest
     assert changed.fingerprint() != before.fingerprint()
+
+
+BUNDLE_SAVER = """\
+import os
+
+import torch
+
+
+def save_bundle(folder, net, table):
+    names = table.index.to_numpy()
+    torch.save({"net": net.state_dict(), "names": names}, os.path.join(folder, "bundle.pt"))
+"""
+
+OTHER_SAVER = """\
+import torch
+
+
+def save_state(net, path):
+    torch.save(net.state_dict(), path)
+"""
+
+
+def test_saves_are_analysed_only_for_the_files_that_write_the_asked_name() -> None:
+    index = build_project(
+        [("p/saver.py", BUNDLE_SAVER), ("p/other_saver.py", OTHER_SAVER), ("p/train.py", TRAIN)]
+    )
+    assert [path for path, _ in index.saving_files] == ["p/saver.py", "p/other_saver.py"]
+    assert index._saves == {}  # nothing analysed while the project is indexed
+    (fact,) = index.saved_files_for(["lit:bundle.pt"])
+    assert (fact.path, fact.line, fact.key) == ("p/saver.py", 8, "lit:bundle.pt")
+    assert "NumPy" in fact.what
+    # other_saver.py never names bundle.pt: its text rules it out before any parse
+    assert list(index._saves) == ["p/saver.py"]
+    assert index.saved_files_for(["lit:missing.pt"]) == ()
+
+
+def test_the_fingerprint_follows_the_saving_files_text() -> None:
+    files = [("p/saver.py", BUNDLE_SAVER), ("p/train.py", TRAIN)]
+    before = build_project(files)
+    changed = build_project(
+        [("p/saver.py", BUNDLE_SAVER.replace("bundle.pt", "other.pt")), ("p/train.py", TRAIN)]
+    )
+    assert build_project(files).fingerprint() == before.fingerprint()
+    assert changed.saves_digest != before.saves_digest
+    assert changed.fingerprint() != before.fingerprint()

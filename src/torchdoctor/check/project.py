@@ -85,6 +85,16 @@ class CallFact:
     target: str = ""
 
 
+@dataclass(frozen=True)
+class SavedFile:
+    """One `torch.save` of the project that writes a non-tensor object (TD406)."""
+
+    key: str  # the file name it writes (analysis/saved_objects.file_keys)
+    path: str
+    line: int
+    what: str  # "a NumPy array (`.to_numpy()`)"
+
+
 def _module_parts(path: str) -> list[str]:
     """`pkg/sub/mod.py` -> [pkg, sub, mod]; a package's `__init__.py` is the package."""
     parts = path.replace("\\", "/").split("/")
@@ -152,6 +162,15 @@ class ProjectIndex:
     wrapped_digest: str = ""  # of the wrapping files (the cache fingerprint)
     _wrapped: dict[str, WrappedFacts] = field(default_factory=dict, repr=False, compare=False)
     _called: dict[str, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
+    # The files whose text holds a `torch.save`, (path, text). Each is analysed
+    # (`saves_build`, analysis/saved_objects.project_saves) only when a file loads a file
+    # name it does not write itself and the text holds that name (`saved_files_for`; TD406).
+    saving_files: tuple[tuple[str, str], ...] = ()
+    saves_build: Callable[[ProjectIndex, str, str], tuple[SavedFile, ...]] | None = None
+    saves_digest: str = ""  # of the saving files (the cache fingerprint)
+    _saves: dict[str, tuple[SavedFile, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
     # Builds `generic_arguments` on first use: few files ever ask (TD406, for `obj: T`
     # parameters), and building means parsing every file that writes `Name[T](`.
     # A partial of a module-level function, so the index still pickles to workers.
@@ -242,6 +261,29 @@ class ProjectIndex:
                 found.setdefault(name, []).extend(facts[name])
         return {name: tuple(facts) for name, facts in found.items()}
 
+    def saved_files_for(self, keys: Iterable[str]) -> tuple[SavedFile, ...]:
+        """The saves of the project that write a non-tensor object to a file one of
+        `keys` names."""
+        wanted = set(keys)
+        if not wanted or self.saves_build is None:
+            return ()
+        # the text a writer must hold (`model.pt`, the constant's last name): a gate
+        gates = {
+            key.split(":", 1)[1].rsplit(".", 1)[-1]
+            if key.startswith("const:")
+            else key.split(":", 1)[1]
+            for key in wanted
+        }
+        found: list[SavedFile] = []
+        for path, source in self.saving_files:
+            if not any(gate in source for gate in gates):
+                continue
+            facts = self._saves.get(path)
+            if facts is None:
+                facts = self._saves[path] = self.saves_build(self, path, source)
+            found.extend(fact for fact in facts if fact.key in wanted)
+        return tuple(found)
+
     def call_facts_for(self, callee: str, path: str) -> list[CallFact]:
         """Calls of `callee` seen in files other than `path` whose import names `path`."""
         return [
@@ -299,6 +341,8 @@ class ProjectIndex:
             text += "\ngeneric:" + self.generic_digest
         if self.wrapped_digest:
             text += "\nwrapped:" + self.wrapped_digest
+        if self.saves_digest:
+            text += "\nsaves:" + self.saves_digest
         if self.cuda_defaults:
             text += "\ncuda-defaults:" + repr(sorted(self.cuda_defaults.items()))
         if self.zeroing_calls:

@@ -103,6 +103,9 @@ interpreters see the per-file objects above them only through protocols):
 - `wraps`         names that may hold a model wrapped in DataParallel/DDP (on some path),
                   functions that return one, calls that hand one to a parameter (same
                   file, and `ProjectIndex.wrapped_arguments_for` across files; TD404)
+- `saved_objects` what a `torch.save` writes (NumPy arrays, namespaces, objects of the
+                  project's classes) and a key for the file name, matched with loads in
+                  other files (`ProjectIndex.saved_files_for`, built on demand; TD406)
 - `gpu_gates`     code that runs only where a GPU is (skip decorators on a test or its
                   class) or needs one anyway (GPU-only packages, torch.cuda APIs)
 - `names`, `grad_contexts`, `events`, `functions`, `event_collector`: training-loop

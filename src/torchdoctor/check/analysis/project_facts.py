@@ -29,6 +29,7 @@ from torchdoctor.check.analysis.grad_contexts import (
 )
 from torchdoctor.check.analysis.grad_hooks import clamping_hooks, may_register_clamps
 from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
+from torchdoctor.check.analysis.saved_objects import project_saves
 from torchdoctor.check.analysis.text_facts import (
     LOADER_WORDS,
     batchnorm_classes,
@@ -49,6 +50,7 @@ from torchdoctor.check.project import (
     GenericFacts,
     ModulePickles,
     ProjectIndex,
+    SavedFile,
     WrappedFacts,
     scan_classes,
 )
@@ -146,6 +148,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     wrapping: list[tuple[str, str]] = []  # files that may hand a wrapped model on
     generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`
     pickling: list[tuple[str, str]] = []  # files that may pickle a whole module
+    saving: list[tuple[str, str]] = []  # files that may torch.save a non-tensor object
     moving: set[str] = set()
     parameters: set[str] = set()
     extensions: set[str] = set()
@@ -200,6 +203,9 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             generic.append((path, source))
         if may_pickle_modules(source):
             pickling.append((path, source))
+        # (a file that registers safe globals saves what its loads may read)
+        if "save(" in source and "safe_globals" not in source and _SAVES.search(source):
+            saving.append((path, source))
         if may_register_clamps(source):
             for name, where in clamping_hooks(path, source).items():
                 index.clamping_hooks.setdefault(name, where)
@@ -238,6 +244,10 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         index.generic_build = functools.partial(generic_arguments, names, tuple(generic))
         text = "\n".join(sorted(names)) + "".join(f"\0{p}\0{s}" for p, s in generic)
         index.generic_digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+    if saving and count > 1:  # a lone file matches its own saves
+        index.saving_files = tuple(saving)
+        index.saves_build = _saved_files
+        index.saves_digest = _texts_digest(saving)
     if pickling and count > 1:  # a lone file sees its own pickles
         index.pickles_build = functools.partial(_module_pickles, tuple(pickling))
         index.pickles_digest = _texts_digest(pickling)
@@ -249,6 +259,8 @@ def _module_pickles(files: tuple[tuple[str, str], ...], index: ProjectIndex) -> 
     return tuple(site for ctx in _contexts(index, files) for site in project_pickles(ctx))
 
 
+# A `torch.save(` call (or `serialization.save(`): a file whose saves TD406 may ask about.
+_SAVES = re.compile(r"(?:torch|serialization)\.save\s*\(")
 # A model wrapped here (`DataParallel(model)`, `DDP(model, ...)`), to be handed on.
 _WRAPS = re.compile(r"(?:DataParallel|DDP)\s*\(")  # DistributedDataParallel( too
 # `Store[Record](...)`: a generic class built with a class as its type argument.
@@ -305,6 +317,16 @@ def _wrapped_arguments(index: ProjectIndex, path: str, source: str) -> WrappedFa
         except RecursionError:
             break
     return {}
+
+
+def _saved_files(index: ProjectIndex, path: str, source: str) -> tuple[SavedFile, ...]:
+    """The file's saves of non-tensor objects, by the file name they write."""
+    for ctx in _contexts(index, [(path, source)]):
+        try:
+            return project_saves(ctx)
+        except RecursionError:
+            break
+    return ()
 
 
 def _texts_digest(files: Iterable[tuple[str, str]]) -> str:
