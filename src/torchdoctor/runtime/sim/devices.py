@@ -36,6 +36,11 @@ class _Wild:
 WILD: Any = _Wild()
 
 
+def is_virtual(tag: Any) -> bool:
+    """Whether a tensor's tag names a virtual device (not the CPU, not "any device")."""
+    return tag is not None and tag is not WILD
+
+
 class InvalidOrdinal(Exception):
     """A device index at or beyond the simulated device count (rule 11)."""
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdoctor.runtime.sim import rules
-from torchdoctor.runtime.sim.devices import WILD, set_site, set_tag, tag_of
+from torchdoctor.runtime.sim.devices import is_virtual, set_site, set_tag, tag_of
 from torchdoctor.runtime.sim.frames import user_site
 
 if TYPE_CHECKING:
@@ -26,10 +26,6 @@ LEGACY_NAMES = (
     "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
     "HalfTensor", "IntTensor", "LongTensor", "ShortTensor",
 )  # fmt: skip
-
-
-def _virtual(tag: Any) -> bool:
-    return tag is not None and tag is not WILD
 
 
 def install(patches: Patches) -> None:
@@ -51,7 +47,7 @@ def _legacy_constructors(patches: Patches) -> None:
             if not isinstance(obj, Tensor) or obj.layout != torch.strided:
                 return False
             tag = tag_of(obj)
-            return _virtual(tag) and tag.type == backend and obj.dtype == cls.dtype
+            return is_virtual(tag) and tag.type == backend and obj.dtype == cls.dtype
 
         def __call__(cls, *args: Any, **kwargs: Any) -> Any:
             device = kwargs.pop("device", None)
@@ -90,7 +86,7 @@ def _new(patches: Patches) -> None:
         device = kwargs.pop("device", None)
         if device is None:
             tag = tag_of(self)
-            target = tag if _virtual(tag) else None
+            target = tag if is_virtual(tag) else None
         else:
             target = patches.resolve(device)
         out = real_new(self, *args, **kwargs)
@@ -109,7 +105,7 @@ def _type(patches: Patches) -> None:
     def type_(self: Tensor, dtype: Any = None, non_blocking: bool = False, **kw: Any) -> Any:
         tag = tag_of(self)
         if dtype is None:
-            return rules.legacy_type(self, tag if _virtual(tag) else None)
+            return rules.legacy_type(self, tag if is_virtual(tag) else None)
         if isinstance(dtype, torch.dtype):  # x.type(torch.int64): same device, new dtype
             return real_type(self, dtype, non_blocking, **kw)
         name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
@@ -118,6 +114,6 @@ def _type(patches: Patches) -> None:
             converted = real_type(self, name.replace(marker, "."), non_blocking, **kw)
             return converted.to(backend)
         result = real_type(self, dtype if isinstance(dtype, str) else name, non_blocking, **kw)
-        return result.to("cpu") if _virtual(tag) and isinstance(result, Tensor) else result
+        return result.to("cpu") if is_virtual(tag) and isinstance(result, Tensor) else result
 
     patches.patcher.set(Tensor, "type", type_)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import threading
 import types
 from collections.abc import Callable
@@ -21,22 +20,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._device as _device_context
 
-from torchdoctor.runtime.sim import device_modules, legacy, rules, value_checks
+from torchdoctor.runtime.sim import (
+    device_modules,
+    legacy,
+    tensor_patches,
+    training_patches,
+    value_checks,
+)
 from torchdoctor.runtime.sim.devices import (
     CPU,
     PINNED,
     TAG,
-    WILD,
     InvalidOrdinal,
-    describe,
     device_of,
+    is_virtual,
     real_device,
-    set_site,
-    set_tag,
     tag_of,
 )
-from torchdoctor.runtime.sim.frames import user_site
-from torchdoctor.runtime.sim.opaque import call_opaque
 
 if TYPE_CHECKING:
     from torchdoctor.runtime.sim.session import Simulation
@@ -90,25 +90,8 @@ class Patcher:
                 setattr(owner, name, old)
 
 
-_holders_cache: tuple[int, list[Any]] = (-1, [])
-
-
-def _holders(function: Any) -> list[Any]:
-    """The torch modules that imported `function` by name (cached until sys.modules grows)."""
-    global _holders_cache
-    if _holders_cache[0] != len(sys.modules):
-        found = []
-        for name, module in list(sys.modules.items()):
-            namespace = getattr(module, "__dict__", None) if name.startswith("torch") else None
-            if namespace and namespace.get(function.__name__) is function:
-                found.append(module)
-        _holders_cache = (len(sys.modules), found)
-    return _holders_cache[1]
-
-
-def _virtual(tag: Any) -> bool:
-
-    return tag is not None and tag is not WILD
+def _not_installed(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("the simulation's tensor patches are not installed")
 
 
 class Patches:
@@ -121,6 +104,8 @@ class Patches:
         self.patcher = Patcher()
         self.originals: dict[str, Any] = {}
         self.stream_class: Any = None  # the stand-in Stream (device_modules.py)
+        # moves a tensor to a (virtual) device: set by tensor_patches, used by the factories
+        self.to_device: Callable[..., Any] = _not_installed
 
     # -- helpers -------------------------------------------------------------
 
@@ -145,15 +130,11 @@ class Patches:
 
     def install(self) -> None:
         self._tensor_properties()
-        self._tensor_moves()
-        self._factories()
-        self._numpy_and_pinning()
+        tensor_patches.install(self)
         device_modules.install(self)
         self._device_class()
         self._generator()
-        self._serialization()
-        self._optimizers()
-        self._rnn()
+        training_patches.install(self)
         self._copying()
         self._threads()
         self._autocast()
@@ -173,14 +154,14 @@ class Patches:
 
         def is_backend(self: Tensor) -> bool:
             tag = tag_of(self)
-            return _virtual(tag) and tag.type == backend
+            return is_virtual(tag) and tag.type == backend
 
         def is_cpu(self: Tensor) -> bool:
-            return not _virtual(tag_of(self)) and real_device(self).type == "cpu"
+            return not is_virtual(tag_of(self)) and real_device(self).type == "cpu"
 
         def get_device(self: Tensor) -> int:
             tag = tag_of(self)
-            if _virtual(tag):
+            if is_virtual(tag):
                 return int(tag.index)
             return int(real_get_device(self))
 
@@ -192,309 +173,12 @@ class Patches:
 
     # -- moves: to / cuda / cpu ----------------------------------------------
 
-    def _tensor_moves(self) -> None:
-        p = self.patcher
-        real_to = _base.to
-        patches = self
-
-        class _DeviceMove(torch.autograd.Function):
-            """A copy to another device; the gradient flows back to the source device."""
-
-            @staticmethod
-            def forward(ctx: Any, x: Tensor, dst: Any, dtype: Any, memory_format: Any) -> Tensor:
-                src = tag_of(x)
-                ctx.src = src if _virtual(src) else None
-                ctx.src_dtype = x.dtype
-                out = real_to(x, CPU, dtype or x.dtype, False, True, memory_format=memory_format)
-                set_tag(out, dst)
-                return out  # type: ignore[no-any-return]
-
-            @staticmethod
-            def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-                out = real_to(grad, CPU, ctx.src_dtype, False, True)
-                set_tag(out, ctx.src)
-                return out, None, None, None
-
-        session = self.session
-
-        def move(t: Tensor, dst: Any, dtype: Any, memory_format: Any) -> Tensor:
-            session.moves += 1
-            if dst is not None and session.forked_worker:
-                session.gpu_in_forked_worker()
-            if dst is not None and dst.type == "mps" and (dtype or t.dtype) is torch.float64:
-                session.mps_float64(t)
-            if memory_format is None:
-                memory_format = torch.preserve_format
-            if t.requires_grad and torch.is_grad_enabled():
-                out = _DeviceMove.apply(t, dst, dtype, memory_format)  # type: ignore[no-untyped-call]
-            else:
-                out = real_to(t, CPU, dtype or t.dtype, False, True, memory_format=memory_format)
-                set_tag(out, dst)
-            set_site(out, user_site(f".to({dst or 'cpu'})", depth=3))
-            return out  # type: ignore[no-any-return]
-
-        def to_device(
-            t: Tensor, target: Any, dtype: Any, copy_: bool, memory_format: Any, non_blocking: bool
-        ) -> Tensor:
-            src = tag_of(t)
-            src = src if _virtual(src) else None
-            if target is src:
-                kwargs = {} if memory_format is None else {"memory_format": memory_format}
-                return real_to(  # type: ignore[no-any-return]
-                    t,
-                    torch._C.TensorBase.device.__get__(t),
-                    dtype or t.dtype,
-                    non_blocking,
-                    copy_,
-                    **kwargs,
-                )
-            return move(t, target, dtype, memory_format)
-
-        def parse(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            """Tensor.to's three signatures -> (device given?, device, dtype, copy, mf, nb)."""
-            kw = dict(kwargs)
-            device = kw.pop("device", _MISSING)
-            dtype = kw.pop("dtype", None)
-            non_blocking = kw.pop("non_blocking", False)
-            copy_ = kw.pop("copy", False)
-            memory_format = kw.pop("memory_format", None)
-            pos = list(args)
-            if pos and isinstance(pos[0], Tensor):
-                other = pos.pop(0)
-                tag = tag_of(other)
-                device = tag if _virtual(tag) else torch._C.TensorBase.device.__get__(other)
-                dtype = other.dtype
-            elif pos and isinstance(pos[0], torch.dtype):
-                dtype = pos.pop(0)
-            elif pos and (pos[0] is None or isinstance(pos[0], (str, torch.device, int))):
-                device = pos.pop(0)
-                if pos and (pos[0] is None or isinstance(pos[0], torch.dtype)):
-                    dtype = pos.pop(0)
-            if pos:
-                non_blocking = pos.pop(0)
-            if pos:
-                copy_ = pos.pop(0)
-            if pos or kw:
-                return None  # not a form we know: let torch say what is wrong
-            return device, dtype, copy_, memory_format, non_blocking
-
-        def to(self: Tensor, *args: Any, **kwargs: Any) -> Any:
-            parsed = parse(args, kwargs)
-            if parsed is None:
-                return real_to(self, *args, **kwargs)
-            device, dtype, copy_, memory_format, non_blocking = parsed
-            if device is _MISSING or device is None:
-                src = tag_of(self)
-                target = src if _virtual(src) else None
-            else:
-                target = patches.resolve(device)
-                if target is not None and not patches.devices.is_virtual(target):
-                    return real_to(self, *args, **kwargs)  # meta, or an unsimulated backend
-            return to_device(self, target, dtype, copy_, memory_format, non_blocking)
-
-        def cuda(self: Tensor, device: Any = None, non_blocking: bool = False, **kw: Any) -> Any:
-            if patches.backend != "cuda":
-                return patches.originals["cuda"](self, device, non_blocking, **kw)
-            target = patches.resolve("cuda" if device is None else device)
-            if isinstance(device, torch.device) and device.type != "cuda":
-                raise RuntimeError(f"Invalid device, must be cuda device, got {device}")
-            return to_device(self, target, None, False, kw.get("memory_format"), non_blocking)
-
-        def cpu(self: Tensor, memory_format: Any = None) -> Any:
-            return to_device(self, None, None, False, memory_format, False)
-
-        self.originals["cuda"] = Tensor.cuda
-        p.set(Tensor, "to", to)
-        p.set(Tensor, "cuda", cuda)
-        p.set(Tensor, "cpu", cpu)
-        self.to_device = to_device
-        # Lazy modules' uninitialized parameters only allow the methods they know
-        lazy: Any = torch.nn.parameter.UninitializedTensorMixin  # type: ignore[attr-defined]
-        installed = [Tensor.__dict__[name] for name in ("to", "cuda", "cpu", "get_device")]
-        p.set(lazy, "_allowed_methods", [*lazy._allowed_methods, *installed])
-
-        # nn.Module.to parses its arguments with _parse_to, which rejects a bare ordinal
-        real_parse_to = torch._C._nn._parse_to
-        devices = self.devices
-
-        def parse_to(*args: Any, **kwargs: Any) -> Any:
-            if args and isinstance(args[0], int) and not isinstance(args[0], bool):
-                args = (f"{devices.backend}:{args[0]}", *args[1:])
-            if isinstance(kwargs.get("device"), int):
-                kwargs["device"] = f"{devices.backend}:{kwargs['device']}"
-            result = real_parse_to(*args, **kwargs)
-            if args and isinstance(args[0], Tensor):
-                tag = tag_of(args[0])
-                if _virtual(tag):
-                    return (tag, *result[1:])
-            return result
-
-        p.set(torch._C._nn, "_parse_to", parse_to)
-
     # -- factories -----------------------------------------------------------
-
-    def _factories(self) -> None:
-        p = self.patcher
-        patches = self
-        pin_site = self._mark_pinned
-
-        def wrap(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def factory(*args: Any, **kwargs: Any) -> Any:
-                device = kwargs.get("device")
-                if device is None:
-                    target = patches.default_device()
-                else:
-                    target = patches.resolve(device)
-                    if target is not None and not patches.devices.is_virtual(target):
-                        return fn(*args, **kwargs)  # meta and friends: really there
-                if target is not None:
-                    kwargs["device"] = CPU
-                    if patches.session.forked_worker:
-                        patches.session.gpu_in_forked_worker()
-                pinned = bool(kwargs.pop("pin_memory", False))
-
-                out = fn(*args, **kwargs)
-                if isinstance(out, Tensor):
-                    if target is not None and target.type == "mps" and out.dtype is torch.float64:
-                        patches.session.mps_float64(out)
-                    set_tag(out, target)
-                    set_site(out, user_site(f"torch.{name}(...)"))
-                    if pinned and target is None:
-                        pin_site(out)
-                return out
-
-            return factory
-
-        def wrap_like(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def like(*args: Any, **kwargs: Any) -> Any:
-                device = kwargs.get("device")
-                if device is None:
-                    out = fn(*args, **kwargs)  # follows its input: the mode tags it
-                    if isinstance(out, Tensor):
-                        set_site(out, user_site(f"{name}(...)"))
-                    return out
-                target = patches.resolve(device)
-                if target is not None and not patches.devices.is_virtual(target):
-                    return fn(*args, **kwargs)
-                kwargs["device"] = CPU
-                out = fn(*args, **kwargs)
-                set_tag(out, target)
-                set_site(out, user_site(f"{name}(...)"))
-                return out
-
-            return like
-
-        def wrap_as_tensor(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-            factory = wrap(fn, name)
-
-            @functools.wraps(fn)
-            def as_tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
-                if name == "as_tensor" and args:  # as_tensor(data, dtype, device)
-                    kwargs.setdefault("dtype", args[0])
-                    if len(args) > 1:
-                        kwargs.setdefault("device", args[1])
-                    args = ()
-                if isinstance(data, Tensor) and name == "as_tensor":
-                    device = kwargs.get("device")
-                    target = patches.resolve(device) if device is not None else _MISSING
-                    if target is _MISSING:
-                        return fn(data, dtype=kwargs.get("dtype"))
-                    if target is not None and not patches.devices.is_virtual(target):
-                        return fn(data, *args, **kwargs)
-                    return patches.to_device(data, target, kwargs.get("dtype"), False, None, False)
-                if isinstance(data, Tensor) and kwargs.get("device") is None:
-                    return fn(data, *args, **kwargs)  # asarray(tensor): stays where it is
-                return factory(data, *args, **kwargs)
-
-            return as_tensor
-
-        factories = [
-            "empty", "empty_permuted", "empty_strided", "ones", "zeros", "full", "arange",
-            "range", "eye", "linspace", "logspace", "rand", "randn", "randint", "randperm",
-            "scalar_tensor", "tensor", "tril_indices", "triu_indices", "bartlett_window",
-            "blackman_window", "hamming_window", "hann_window", "kaiser_window", "normal",
-            "sparse_coo_tensor", "sparse_csr_tensor", "sparse_csc_tensor", "sparse_bsr_tensor",
-            "sparse_bsc_tensor", "sparse_compressed_tensor",
-        ]  # fmt: skip
-        for name in factories:
-            if hasattr(torch, name):
-                p.set(torch, name, wrap(getattr(torch, name), name))
-        for name in ("as_tensor", "asarray"):
-            p.set(torch, name, wrap_as_tensor(getattr(torch, name), name))
-        for name in ("fftfreq", "rfftfreq"):
-            p.set(torch.fft, name, wrap(getattr(torch.fft, name), f"fft.{name}"))
-        for name in ("empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
-                     "randn_like", "randint_like"):  # fmt: skip
-            p.set(torch, name, wrap_like(getattr(torch, name), f"torch.{name}"))
-        for name in ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"):
-            p.set(Tensor, name, wrap_like(getattr(Tensor, name), f".{name}"))
-
-        real_new_tensor = Tensor.new_tensor
-
-        def new_tensor(self: Tensor, data: Any, *args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("device") is None:
-                tag = tag_of(self)
-                kwargs["device"] = tag if _virtual(tag) else CPU
-            return wrap_like(real_new_tensor, ".new_tensor")(self, data, *args, **kwargs)
-
-        p.set(Tensor, "new_tensor", new_tensor)
 
     # -- numpy, pin_memory ---------------------------------------------------
 
     def _mark_pinned(self, t: Tensor) -> None:
         setattr(t.untyped_storage(), PINNED, True)
-
-    def _numpy_and_pinning(self) -> None:
-        p = self.patcher
-        session = self.session
-        real_numpy = _base.numpy
-
-        def numpy(self: Tensor, *, force: bool = False) -> Any:
-            tag = tag_of(self)
-            if _virtual(tag) and not force:
-                session.violation(
-                    rules.Violation(
-                        f"can't convert {tag} device type tensor to numpy. Use Tensor.cpu() "
-                        "to copy the tensor to host memory first.",
-                        culprit=rules.Operand("self", self, tag, False),
-                        exc_type=TypeError,
-                        kind="numpy",
-                    ),
-                    op=None,
-                )
-            return real_numpy(self, force=force)
-
-        def pin_memory(self: Tensor, device: Any = None) -> Tensor:
-            tag = tag_of(self)
-            if _virtual(tag):
-                session.violation(
-                    rules.Violation(
-                        f"cannot pin '{rules.legacy_type(self, tag)}' only dense CPU tensors "
-                        "can be pinned",
-                        culprit=rules.Operand("self", self, tag, False),
-                        kind="pin",
-                    ),
-                    op=None,
-                )
-                return self
-            if getattr(self.untyped_storage(), PINNED, False):
-                return self
-            out = self.clone()
-            setattr(out.untyped_storage(), PINNED, True)
-            return out
-
-        def is_pinned(self: Tensor, device: Any = None) -> bool:
-            try:
-                return bool(getattr(self.untyped_storage(), PINNED, False))
-            except (RuntimeError, NotImplementedError, TypeError, ValueError):
-                return False
-
-        p.set(Tensor, "numpy", numpy)
-        p.set(Tensor, "pin_memory", pin_memory)
-        p.set(Tensor, "is_pinned", is_pinned)
-        p.set(Tensor, "record_stream", lambda self, stream: None)  # streams are stand-ins
 
     # -- torch.cuda / torch.mps / torch.accelerator --------------------------
 
@@ -575,190 +259,9 @@ class Patches:
 
     # -- torch.save / torch.load ---------------------------------------------
 
-    def _serialization(self) -> None:
-        p = self.patcher
-        ser = torch.serialization
-        real_location_tag = ser.location_tag
-        real_restore: Callable[..., Any] = ser.default_restore_location
-        session = self.session
-        backend = self.backend
-
-        def location_tag(storage: Any) -> Any:
-            untyped = getattr(storage, "_untyped_storage", storage)
-            tag = getattr(untyped, TAG, None)
-            if tag is not None and tag is not WILD:  # what a GPU machine writes: cuda:0, mps
-                return "mps" if tag.type == "mps" else str(tag)
-            return real_location_tag(storage)
-
-        def default_restore_location(storage: Any, location: str) -> Any:
-            if not (location == backend or location.startswith(backend + ":")):
-                return real_restore(storage, location)
-            # _validate_device raises PyTorch's message for a missing ordinal
-            validate: Callable[..., Any] = ser._validate_device
-            index = 0 if backend == "mps" else validate(location, backend).index
-            target = self.devices.get(index or 0)
-            untyped = getattr(storage, "_untyped_storage", storage)
-            setattr(untyped, TAG, target)
-            return storage
-
-        p.set(ser, "location_tag", location_tag)
-        p.set(ser, "default_restore_location", default_restore_location)
-
-        real_get_restore: Callable[..., Any] = ser._get_restore_location
-
-        def get_restore_location(map_location: Any) -> Any:
-            restore = real_get_restore(map_location)
-            if map_location is not None:
-                return restore
-
-            def restore_without_map_location(storage: Any, location: str) -> Any:
-                if location == backend or location.startswith(backend + ":"):
-                    session.loaded_device_checkpoint(location)  # strict: a CPU box's error
-                return restore(storage, location)
-
-            return restore_without_map_location
-
-        p.set(ser, "_get_restore_location", get_restore_location)
-
-        patches = self
-
-        def storage_cuda(
-            self_: Any, device: Any = None, non_blocking: bool = False, **kw: Any
-        ) -> Any:
-            copied = self_.clone()
-            index = patches.devices.current if device is None else patches._index(device)
-            setattr(copied, TAG, patches.devices.get(index))
-            return copied
-
-        if backend == "cuda":
-            p.set(torch.UntypedStorage, "cuda", storage_cuda)
-
     # -- optimizers, grad clipping, GradScaler -------------------------------
 
-    def _optimizers(self) -> None:
-        from torch.utils import _foreach_utils
-
-        real_group = _foreach_utils._group_tensors_by_device_and_dtype
-
-        def group(tensorlistlist: Any, with_indices: bool = False) -> Any:
-            """Group by *virtual* device and dtype, as a CUDA machine would."""
-            grouped = real_group(tensorlistlist, with_indices)
-            result: dict[Any, Any] = {}
-            for (_, dtype), (lists, indices) in grouped.items():
-                firsts = lists[0]
-                buckets: dict[Any, list[int]] = {}
-                for pos, t in enumerate(firsts):
-                    tag = tag_of(t) if t is not None else None
-                    dev = tag if _virtual(tag) else CPU
-                    buckets.setdefault(dev, []).append(pos)
-                for dev, positions in buckets.items():
-                    new_lists = [[lst[i] for i in positions] if lst else lst for lst in lists]
-                    new_indices = [indices[i] for i in positions] if indices else indices
-                    key = (dev, dtype)
-                    if key in result:
-                        old_lists, old_indices = result[key]
-                        for old, new in zip(old_lists, new_lists, strict=True):
-                            if old is not None and new:
-                                old.extend(new)
-                        if old_indices is not None:
-                            old_indices.extend(new_indices)
-                    else:
-                        result[key] = (new_lists, new_indices)
-            return result
-
-        for module in _holders(real_group):
-            self.patcher.set(module, "_group_tensors_by_device_and_dtype", group)
-
-        opt = torch.optim.Optimizer
-        if "_group_tensors_by_device_and_dtype" in opt.__dict__:
-            self.patcher.set(opt, "_group_tensors_by_device_and_dtype", staticmethod(group))
-
     # -- RNN device checks ---------------------------------------------------
-
-    def _rnn(self) -> None:
-        vf = torch._VF
-        session = self.session
-
-        def check(inp: Tensor, hiddens: list[Any], params: list[Any]) -> Any:
-            """The input's device, once hidden state and parameters agree (rule 6)."""
-            dev = rules.operand_device(inp, tag_of(inp))
-            if dev is WILD:
-                return dev
-
-            for what, group in (("hidden", hiddens), ("parameter", params)):
-                for t in group:
-                    if not isinstance(t, Tensor):
-                        continue
-                    other = rules.operand_device(t, tag_of(t))
-                    if other is WILD or other == dev:
-                        continue
-                    session.violation(
-                        rules.Violation(
-                            f"Input and {what} tensors are not at the same device, found input "
-                            f"tensor at {describe(dev)} and {what} tensor at "
-                            f"{describe(other)}",
-                            culprit=rules.Operand(what, t, other, False),
-                            reference=rules.Operand("input", inp, dev, False),
-                            output_device=dev,
-                        ),
-                        op=None,
-                    )
-                    return dev  # keep-going: run it on the input's device
-            return dev
-
-        def wrap(name: str) -> Callable[..., Any]:
-
-            real = getattr(vf, name)
-
-            def rnn(*args: Any, **kwargs: Any) -> Any:
-                # (input, hx, params, ...) or, packed, (data, batch_sizes, hx, params, ...)
-                packed = len(args) > 3 and isinstance(args[3], (list, tuple))
-                hx, params = (args[2], args[3]) if packed else (args[1], args[2])
-                hiddens = list(hx) if isinstance(hx, (list, tuple)) else [hx]
-                device = check(args[0], hiddens, list(params))
-                if kwargs or device is WILD:
-                    return real(*args, **kwargs)
-                # checked: nothing inside can mix devices, so skip the per-op checks
-                return call_opaque(real, args, device, cpu_args=(1,) if packed else ())
-
-            return rnn
-
-        for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
-            self.patcher.set(vf, name, wrap(name))
-
-        # Packed sequences (rule 9): the data stays on its device, batch sizes and
-        # lengths on the CPU, whatever the C++ composite allocated them with.
-        real_pad = vf._pad_packed_sequence
-
-        def pad_packed_sequence(data: Tensor, batch_sizes: Tensor, *args: Any) -> Any:
-            tag = tag_of(batch_sizes)
-            if _virtual(tag):
-                session.violation(
-                    rules.Violation(
-                        rules.lengths_message(batch_sizes, tag),
-                        culprit=rules.Operand("batch_sizes", batch_sizes, tag, False),
-                        kind="cpu-by-design",
-                    ),
-                    op=None,
-                )
-            padded, lengths = real_pad(data, batch_sizes, *args)
-            data_tag = tag_of(data)
-            set_tag(padded, data_tag if _virtual(data_tag) else None)
-            set_tag(lengths, None)
-            return padded, lengths
-
-        self.patcher.set(vf, "_pad_packed_sequence", pad_packed_sequence)
-
-        # ctc_loss (a C++ composite) divides by lengths it copies into a fresh CPU
-        # tensor that no factory call shows; CUDA accepts lengths on either device.
-        real_ctc = torch.ctc_loss
-
-        @functools.wraps(real_ctc)
-        def ctc_loss(*args: Any, **kwargs: Any) -> Any:
-            with session.lenient_region():
-                return real_ctc(*args, **kwargs)
-
-        self.patcher.set(torch, "ctc_loss", ctc_loss)
 
     # -- deepcopy of storages, pickling --------------------------------------
 
