@@ -6,8 +6,10 @@ through assignments, tuple unpacking, shape-only ops (`permute`, `reshape`, `x[m
 for a parameter, the arguments its callers in the file pass. Along the way the `if`
 tests on `self.<setting>` that hold at the loss call prune the branches of a method that
 cannot run with it (`_activation_fn` returns a softmax when `self.method == "multiclass"`,
-the loss calls `cross_entropy` under the same test). Every step is a proof: anything not
-understood ends the walk with None.
+the loss calls `cross_entropy` under the same test). Tests on different settings are
+independent (the lead's policy): a method whose returns differ gives what the returns
+chosen by its own setting tests give, when those tests can hold with the loss call's.
+Every step is a proof: anything not understood ends the walk with None.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.file_loops import FileLoops, file_of
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.path_guards import (
+    TRUTHY,
     Cond,
     compatible,
     conditions_at,
@@ -288,6 +291,63 @@ def _returned(
     conds = walk_.conds
     if conds and subjects_assigned(callee.node, {c.subject for c in conds}):
         conds = []
+    found = _returns(fl, fi, call, callee, owner, conds, depth, walk_, index, key)
+    if found is not None or callee.cls is None or walk_.self_cls is None:
+        return found
+    # Settings are independent: where the returns differ, one chosen by tests on the
+    # object's settings (`if self.method == "binary": return torch.sigmoid(x)`) is what
+    # the call gives whenever those settings hold, unless the tests at the loss call
+    # rule them out (a contradicted test; lead's policy: any combination can be set).
+    for stmt in callee.own_statements():
+        if not isinstance(stmt, ast.Return) or stmt.value is None:
+            continue
+        flags = [c for c in conditions_at(callee.node, stmt) if c.subject.startswith("self.")]
+        if not flags or not compatible(conds, flags):
+            continue
+        if subjects_assigned(callee.node, {c.subject for c in flags}):
+            return None
+        narrowed = [*conds, *flags]
+        found = _returns(
+            fl,
+            fi,
+            call,
+            callee,
+            owner,
+            narrowed,
+            depth,
+            walk_.to(walk_.self_cls, narrowed),
+            index,
+            key,
+        )
+        if found is not None:
+            return found[0], f"{found[1]} when {_settings(flags)}"
+    return None
+
+
+def _settings(conds: list[Cond]) -> str:
+    """`self.method == 'binary'`, `not self.flag`, joined with "and"."""
+    parts = []
+    for c in conds:
+        if c.value is TRUTHY:
+            parts.append(f"`{c.subject}`" if c.equal else f"`not {c.subject}`")
+        else:
+            parts.append(f"`{c.subject} {'==' if c.equal else '!='} {c.value!r}`")
+    return " and ".join(parts)
+
+
+def _returns(
+    fl: FileLoops,
+    fi: FunctionInfo,
+    call: ast.Call,
+    callee: FunctionInfo,
+    owner: FileLoops,
+    conds: list[Cond],
+    depth: int,
+    walk_: _Walk,
+    index: int | None,
+    key: str | None,
+) -> tuple[str, str] | None:
+    """What every `return` of `callee` that can run under `conds` gives (see _returned)."""
     results: list[tuple[str, str] | None] = []
     first: ast.Return | None = None
     for stmt in callee.own_statements():
