@@ -93,7 +93,8 @@ interpreters see the per-file objects above them only through protocols):
 - `scope_index`   each module's and function's own nodes, calls and assignments, one
                   pass per file (the rules that look at calls scope by scope)
 - `cpu_evidence`  where a scope shows a value can be on a device by bringing it to the
-                  CPU elsewhere (`err.cpu().numpy()` ... `err.numpy()`)
+                  CPU elsewhere (`err.cpu().numpy()` ... `err.numpy()`), or the tensor it is
+                  a part of (`w[i][0].cpu()` ... `w[i][0, 0]`, same subscripts)
 - `wraps`         names that may hold a model wrapped in DataParallel/DDP (on some path),
                   functions that return one, calls that hand one to a parameter (same
                   file, and `ProjectIndex.wrapped_arguments_for` across files; TD404)
