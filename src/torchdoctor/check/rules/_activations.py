@@ -302,10 +302,12 @@ def _returned(
         if not isinstance(stmt, ast.Return) or stmt.value is None:
             continue
         flags = [c for c in conditions_at(callee.node, stmt) if c.subject.startswith("self.")]
-        if not flags or not compatible(conds, flags):
-            continue
+        if not flags or not compatible(conds, flags) or _MODE in {c.subject for c in flags}:
+            continue  # `self.training` is no setting: the mode goes with where the loss runs
         if subjects_assigned(callee.node, {c.subject for c in flags}):
             return None
+        if callee.cls is not None and not all(_may_hold(callee.cls, c) for c in flags):
+            continue  # a setting the class only ever gives another constant
         narrowed = [*conds, *flags]
         found = _returns(
             fl,
@@ -322,6 +324,32 @@ def _returned(
         if found is not None:
             return found[0], f"{found[1]} when {_settings(flags)}"
     return None
+
+
+_MODE = "self.training"
+
+
+def _may_hold(cls: ast.ClassDef, cond: Cond) -> bool:
+    """Whether the class can give `cond`'s subject a value it holds for: not when every
+    assignment of it in the class is a constant that fails it (`self.sigmoid = False`)."""
+    attr = cond.subject.removeprefix("self.")
+    values: list[ast.expr] = []
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Attribute) and target.attr == attr:
+                    values.append(node.value)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign) and (
+            isinstance(node.target, ast.Attribute) and node.target.attr == attr
+        ):
+            return True
+    if not values or not all(isinstance(v, ast.Constant) for v in values):
+        return True  # set from outside (an argument, a config): any value
+    return any(
+        compatible([Cond(cond.subject, v.value, True)], [cond])
+        for v in values
+        if isinstance(v, ast.Constant)
+    )
 
 
 def _settings(conds: list[Cond]) -> str:
