@@ -186,7 +186,7 @@ def _facts(ctx: FileContext, scope: ast.AST) -> _ScopeFacts:
 
 def _collect(scope: ast.AST) -> _ScopeFacts:
     facts = _ScopeFacts({}, {}, {})
-    sizes = _shape_names(scope)
+    ifs: list[ast.If] = []
     # (node, its branches, the names comprehensions around it bind)
     todo: list[tuple[ast.AST, frozenset[_Branch], _Locals]] = [
         (child, frozenset(), _NO_LOCALS) for child in ast.iter_child_nodes(scope)
@@ -204,14 +204,19 @@ def _collect(scope: ast.AST) -> _ScopeFacts:
                 for n in ast.walk(g.target):
                     if isinstance(n, ast.Name):
                         local[n.id] = text
-        if isinstance(node, ast.If) and _tests_shape(node.test, sizes):
-            facts.shape_tests.add(id(node))
+        if isinstance(node, ast.If) and isinstance(
+            node.test, ast.Compare | ast.BoolOp | ast.UnaryOp
+        ):
+            ifs.append(node)
         facts.branches[id(node)] = branches
         if local:
             facts.locals[id(node)] = local
         _note(node, branches, local, facts)
         for child, branch in _children(node):
             todo.append((child, branches | {branch} if branch is not None else branches, local))
+    if ifs and facts.evidence:  # the shape tests matter only where there is evidence
+        sizes = _shape_names(scope)
+        facts.shape_tests = {id(node) for node in ifs if _tests_shape(node.test, sizes)}
     for positions in facts.stores.values():
         positions.sort()
     for evidence in facts.evidence.values():
