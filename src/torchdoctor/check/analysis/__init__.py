@@ -90,6 +90,9 @@ interpreters see the per-file objects above them only through protocols):
 - `path_guards`   what the `if` tests around a statement say (`self.task == "binary"`,
                   `if flag:`), and whether two such sets can hold at once: a value followed
                   from one method into another keeps only the branches that run together
+- `settings`      an object's settings (`self.method`, `self.with_focal_loss`): tests on
+                  different ones are independent, a combination is ruled out only by the
+                  class (constants that fail a test, `if <combination>: raise`)
 - `scope_index`   each module's and function's own nodes, calls and assignments, one
                   pass per file (the rules that look at calls scope by scope)
 - `cpu_evidence`  where a scope shows a value can be on a device by bringing it to the

@@ -7,8 +7,8 @@ for a parameter, the arguments its callers in the file pass. Along the way the `
 tests on `self.<setting>` that hold at the loss call prune the branches of a method that
 cannot run with it (`_activation_fn` returns a softmax when `self.method == "multiclass"`,
 the loss calls `cross_entropy` under the same test). Tests on different settings are
-independent (the lead's policy): a method whose returns differ gives what the returns
-chosen by its own setting tests give, when those tests can hold with the loss call's.
+independent (analysis/settings.py): a method whose returns differ gives what the returns
+chosen by its own setting tests give, when the class lets them hold with the loss call's.
 Every step is a proof: anything not understood ends the walk with None.
 """
 
@@ -23,12 +23,12 @@ from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.file_loops import FileLoops, file_of
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.path_guards import (
-    TRUTHY,
     Cond,
     compatible,
     conditions_at,
     subjects_assigned,
 )
+from torchdoctor.check.analysis.settings import describe, settable
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.rules._activation_facts import (
@@ -302,13 +302,13 @@ def _returned(
         if not isinstance(stmt, ast.Return) or stmt.value is None:
             continue
         flags = [c for c in conditions_at(callee.node, stmt) if c.subject.startswith("self.")]
-        if not flags or not compatible(conds, flags) or _MODE in {c.subject for c in flags}:
-            continue  # `self.training` is no setting: the mode goes with where the loss runs
+        if not flags or not compatible(conds, flags):
+            continue
         if subjects_assigned(callee.node, {c.subject for c in flags}):
             return None
-        if callee.cls is not None and not all(_may_hold(callee.cls, c) for c in flags):
-            continue  # a setting the class only ever gives another constant
         narrowed = [*conds, *flags]
+        if not settable(callee.cls, [c for c in narrowed if c.subject.startswith("self.")]):
+            continue  # a combination the class rules out (analysis/settings.py)
         found = _returns(
             fl,
             fi,
@@ -322,45 +322,8 @@ def _returned(
             key,
         )
         if found is not None:
-            return found[0], f"{found[1]} when {_settings(flags)}"
+            return found[0], f"{found[1]} when {describe(flags)}"
     return None
-
-
-_MODE = "self.training"
-
-
-def _may_hold(cls: ast.ClassDef, cond: Cond) -> bool:
-    """Whether the class can give `cond`'s subject a value it holds for: not when every
-    assignment of it in the class is a constant that fails it (`self.sigmoid = False`)."""
-    attr = cond.subject.removeprefix("self.")
-    values: list[ast.expr] = []
-    for node in ast.walk(cls):
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Attribute) and target.attr == attr:
-                    values.append(node.value)
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign) and (
-            isinstance(node.target, ast.Attribute) and node.target.attr == attr
-        ):
-            return True
-    if not values or not all(isinstance(v, ast.Constant) for v in values):
-        return True  # set from outside (an argument, a config): any value
-    return any(
-        compatible([Cond(cond.subject, v.value, True)], [cond])
-        for v in values
-        if isinstance(v, ast.Constant)
-    )
-
-
-def _settings(conds: list[Cond]) -> str:
-    """`self.method == 'binary'`, `not self.flag`, joined with "and"."""
-    parts = []
-    for c in conds:
-        if c.value is TRUTHY:
-            parts.append(f"`{c.subject}`" if c.equal else f"`not {c.subject}`")
-        else:
-            parts.append(f"`{c.subject} {'==' if c.equal else '!='} {c.value!r}`")
-    return " and ".join(parts)
 
 
 def _returns(
