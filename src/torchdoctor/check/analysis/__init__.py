@@ -61,7 +61,9 @@ interpreters see the per-file objects above them only through protocols):
 - `values`        the value lattice: Kind, Place, Value, join, Mismatch, Move, CallSite
 - `default_path`  the path where a caller leaves out a None-default parameter: the CPU
                   values `if h is None: h = torch.zeros(n)` makes stay facts at the join
-                  (`Value.default_of`), the given branch being unknown
+                  (`Value.default_of`), the given branch being unknown; likewise an
+                  attribute `__init__` leaves None (`if self.feature_map is None:` in a
+                  method: the object as built, before a setter runs)
 - `unbound`       keys a scope has not bound before an `if` (a function's local names, a
                   plain `__init__`'s `self.x`): one branch that never binds one leaves it
                   unset, where a use raises, so the join keeps the other branch's value

@@ -314,6 +314,27 @@ class FileFlow(FileIndex):
             seeds[f"{self_name}.{attr}"] = value
         return seeds
 
+    def none_attributes(self, cls: ast.ClassDef, func: AnyFunction) -> frozenset[str]:
+        """The attributes `x` that `__init__` leaves None (`self.feature_map = None`), for
+        a method `func` that construction does not run: `if self.x is None:` there is the
+        path of an object as built (analysis/default_path.py)."""
+        init = self.methods(cls).get("__init__")
+        if init is None or init is func or func.name in self.init_helpers(cls):
+            return frozenset()
+        found = self._none_attrs.get(cls)
+        if found is None:
+            scope = self.scope(init)
+            prefix = scope.self_name + "."
+            found = frozenset(
+                key[len(prefix) :]
+                for key, value in scope.exit_env.items()
+                if key.startswith(prefix)
+                and "." not in key[len(prefix) :]
+                and value.kind is Kind.NONE
+            )
+            self._none_attrs[cls] = found
+        return found
+
     def self_attrs_assigned(self, func: AnyFunction) -> frozenset[str]:
         """Names `x` with `self.x = ...` (augmented, in a tuple, ...) anywhere in `func`.
 

@@ -124,6 +124,9 @@ class ScopeCore:
         parameter the scope has not rebound by then (analysis/default_path.py)."""
         if self._none_defaults is None:
             self._none_defaults = none_defaults(self.node)
+            if self.cls is not None and self.self_name and self.is_function:
+                attrs = self.ff.none_attributes(self.cls, self.node)  # type: ignore[arg-type]
+                self._none_defaults |= {f"{self.self_name}.{a}" for a in attrs}
         if not self._none_defaults:
             return None
         found = when_omitted(test, self._none_defaults)
