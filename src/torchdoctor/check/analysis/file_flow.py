@@ -323,6 +323,8 @@ class FileFlow(FileIndex):
             return frozenset()
         found = self._none_attrs.get(cls)
         if found is None:
+            if init in self._in_progress:
+                return frozenset()  # asked while construction runs (a call it follows)
             scope = self.scope(init)
             prefix = scope.self_name + "."
             found = frozenset(
