@@ -57,3 +57,52 @@ def test_the_fingerprint_follows_the_wrapping_files_text() -> None:
     changed = _project(TRAIN.replace("save_state(net, path)", "save_state(net.module, path)"))
     assert changed.wrapped_digest != before.wrapped_digest
     assert changed.fingerprint() != before.fingerprint()
+
+
+SAVER = """\
+import torch
+
+from models import Net
+
+
+def export(model, path):
+    torch.save(model, path)
+
+
+torch.save(Net(), "net.pt")
+"""
+
+MODELS = """\
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = lambda x: x
+"""
+
+
+def _pickling_project(saver: str = SAVER):
+    return build_project([("p/saver.py", saver), ("p/models.py", MODELS)])
+
+
+def test_module_pickles_are_parsed_only_when_a_rule_asks() -> None:
+    index = _pickling_project()
+    assert index._pickles is None  # nothing parsed while the project is indexed
+    sites = {(where, text, cls) for where, text, cls, _ in index.module_pickles}
+    assert sites == {
+        ("p/saver.py:7", "torch.save(model, path)", ""),
+        ("p/saver.py:10", 'torch.save(Net(), "net.pt")', "Net"),
+    }
+    assert index._pickles is not None  # built once, then kept
+
+
+def test_the_fingerprint_follows_the_pickling_files_text() -> None:
+    before = _pickling_project()
+    assert _pickling_project().fingerprint() == before.fingerprint()
+    changed = _pickling_project(
+        SAVER.replace("torch.save(model, path)", "torch.save(model.state_dict(), path)")
+    )
+    assert changed.pickles_digest != before.pickles_digest
+    assert changed.fingerprint() != before.fingerprint()

@@ -261,7 +261,14 @@ class FileContext:
         names (a stub's every function) cost one scan of the text, not one search each."""
         present = [name for name in names if name in self.words]
         if len(present) < 64:
-            return self.lines_holding(present)
+            # lines holding a name as a substring (one C-level find per name), kept
+            # where it is a whole identifier (`val` is not `value`)
+            wanted, lines = frozenset(present), self.lines
+            return [
+                line
+                for line in self.lines_holding(present)
+                if not wanted.isdisjoint(IDENTIFIER.findall(lines[line - 1]))
+            ]
         wanted, starts, found = frozenset(present), self._starts(), set()
         for match in IDENTIFIER.finditer(self.source):
             if match.group() in wanted:

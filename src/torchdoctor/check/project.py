@@ -65,6 +65,8 @@ def scan_classes(source: str) -> dict[str, list[str]]:
 GenericFacts = dict[str, tuple[tuple[str, str, int], ...]]
 # Function name -> (parameter position or keyword, the wrapped model handed there).
 WrappedFacts = dict[str, tuple[tuple[str, Passed], ...]]
+# (where "path:line", the call's text, the module class or "", the file's imported names)
+ModulePickles = tuple[tuple[str, str, str, tuple[str, ...]], ...]
 # A name followed by `(`: what a file may call (a superset; attribute calls too).
 _CALLED_NAME = re.compile(r"([A-Za-z_]\w*)\s*\(")
 
@@ -181,11 +183,12 @@ class ProjectIndex:
     # takes a device that defaults to CUDA (`device="cuda"`) and uses it
     # (analysis/dropped_device.py; TD101 asks at calls that leave it out).
     cuda_defaults: dict[str, tuple[str, int, str, str, int]] = field(default_factory=dict)
-    # Calls of the project that pickle a whole module: (where "path:line", the call's
-    # text, the module class or "" when the code does not show which, the top-level
-    # names its file imports) (analysis/module_pickles.py; TD405 asks in files that
-    # pickle nothing themselves).
-    module_pickles: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
+    # Builds `module_pickles` on first use: only TD405 asks, only in a file whose module
+    # classes store a lambda, and building means parsing every file that may pickle one.
+    # A partial of a module-level function, so the index still pickles to workers.
+    pickles_build: Callable[[ProjectIndex], ModulePickles] | None = None
+    pickles_digest: str = ""  # of the files pickles_build reads (the cache fingerprint)
+    _pickles: ModulePickles | None = field(default=None, repr=False, compare=False)
     # Module-level function name -> "path:line" where it registers gradient hooks that
     # clamp or clip each gradient (analysis/grad_hooks.py; TD606 asks where a GradScaler
     # scales the gradients those hooks see).
@@ -213,6 +216,16 @@ class ProjectIndex:
         if self._generic is None:
             self._generic = self.generic_build() if self.generic_build is not None else {}
         return self._generic
+
+    @property
+    def module_pickles(self) -> ModulePickles:
+        """Calls of the project that pickle a whole module: (where "path:line", the
+        call's text, the module class or "" when the code does not show which, the
+        top-level names its file imports) (analysis/module_pickles.py; TD405 asks in
+        files that pickle nothing themselves)."""
+        if self._pickles is None:
+            self._pickles = self.pickles_build(self) if self.pickles_build is not None else ()
+        return self._pickles
 
     def wrapped_arguments_for(self, names: Iterable[str]) -> WrappedFacts:
         """Function name (of `names`) -> (parameter position or keyword, fact) for the
@@ -301,8 +314,8 @@ class ProjectIndex:
             text += "\noutside-calls:" + _digest_text(repr(sorted(self.outside_calls.items())))
         if self.clamping_hooks:
             text += "\nclamping:" + repr(sorted(self.clamping_hooks.items()))
-        if self.module_pickles:
-            text += "\npickles:" + repr(self.module_pickles)
+        if self.pickles_digest:
+            text += "\npickles:" + self.pickles_digest
         if self.parameter_classes:
             text += "\nparameters:" + ",".join(sorted(self.parameter_classes))
         if self.logit_losses:

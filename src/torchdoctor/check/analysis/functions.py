@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ast
+import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.interfaces import FileWords
 from torchdoctor.check.analysis.names import FuncNode
 from torchdoctor.check.context import IDENTIFIER
-from torchdoctor.check.tree_walk import child_statements, spans_a_line, walk
+from torchdoctor.check.tree_walk import child_statements, walk
 
 if TYPE_CHECKING:
     pass
@@ -36,14 +37,12 @@ class FunctionInfo:
     def mentions_evaluation(self) -> bool:
         """Whether an eval-ish name (`validate`, `val_loader`), `no_grad` or
         `inference_mode` occurs in this function: it may hold or call evaluation code."""
-        if self._evaluation is None and not self._spans(self.file.evaluation_lines()):
-            self._evaluation = False  # no line of it holds a word: its text is not read
         if self._evaluation is None:
-            words = self.file.evaluation_words()
-            text = self.text
-            # a substring test first (cheap), then whole identifiers: `val` is not `value`
-            self._evaluation = any(w in text for w in words) and not self.identifiers().isdisjoint(
-                words
+            # the lines naming a word as a whole identifier (`val`, not `value`)
+            self._evaluation = (
+                bool(self.file.evaluation_words())
+                if self.is_module
+                else _spans_body(self.node, self.file.evaluation_lines())
             )
         return self._evaluation
 
@@ -51,19 +50,14 @@ class FunctionInfo:
     def mentions_model(self) -> bool:
         """Whether the code names something that may be a model (`model`, `self(...)`,
         a name set to eval/train mode or built from a module class in this file)."""
-        if self._model is None and not self._spans(self.file.model_lines()):
-            self._model = False
         if self._model is None:
-            words = self.file.model_words()
-            text = self.text
-            self._model = "self(" in text or (
-                any(w in text for w in words) and not self.identifiers().isdisjoint(words)
+            # the lines naming a model word as a whole identifier, or holding `self(`
+            self._model = (
+                bool(self.file.model_words()) or "self(" in self.text
+                if self.is_module
+                else _spans_body(self.node, self.file.model_lines())
             )
         return self._model
-
-    def _spans(self, lines: list[int]) -> bool:
-        """Whether one of `lines` (ascending) is a line of this function."""
-        return self.is_module or spans_a_line(self.node, lines)  # type: ignore[arg-type]
 
     @property
     def is_module(self) -> bool:
@@ -156,3 +150,11 @@ def _bound_targets(stmt: ast.stmt) -> list[ast.expr]:
     if isinstance(stmt, ast.With | ast.AsyncWith):
         return [i.optional_vars for i in stmt.items if i.optional_vars is not None]
     return []
+
+
+def _spans_body(node: ast.AST, lines: list[int]) -> bool:
+    """Whether one of `lines` (ascending) is a line of the function `node` from its
+    `def` on (its decorators are not its text)."""
+    first = node.lineno  # type: ignore[attr-defined]
+    at = bisect.bisect_left(lines, first)
+    return at < len(lines) and lines[at] <= (node.end_lineno or first)  # type: ignore[attr-defined]

@@ -48,6 +48,7 @@ from torchdoctor.check.context import FileContext
 from torchdoctor.check.project import (
     CallFact,
     GenericFacts,
+    ModulePickles,
     ProjectIndex,
     WrappedFacts,
     scan_classes,
@@ -242,10 +243,14 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         text = "\n".join(sorted(names)) + "".join(f"\0{p}\0{s}" for p, s in generic)
         index.generic_digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
     if pickling and count > 1:  # a lone file sees its own pickles
-        index.module_pickles = tuple(
-            site for ctx in _contexts(index, pickling) for site in project_pickles(ctx)
-        )
+        index.pickles_build = functools.partial(_module_pickles, tuple(pickling))
+        index.pickles_digest = _texts_digest(pickling)
     return index
+
+
+def _module_pickles(files: tuple[tuple[str, str], ...], index: ProjectIndex) -> ModulePickles:
+    """The whole-module pickles of `files` (ProjectIndex.module_pickles)."""
+    return tuple(site for ctx in _contexts(index, files) for site in project_pickles(ctx))
 
 
 # A model wrapped here (`DataParallel(model)`, `DDP(model, ...)`), to be handed on.

@@ -104,38 +104,47 @@ class UnpicklableModuleAttribute(Rule):
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
         self._reported: set[int] = set()  # the nodes reported (ids)
+        self._elsewhere: dict[str, str] | None = None  # _project_pickles, once asked
 
     def finish(self) -> None:
         saved = next(iter(module_pickles(self.ctx)), None)
         families = self._pickled_families()
-        elsewhere = self._project_pickles() if saved is None else {}
-        if saved is None and not families and not elsewhere:
+        if saved is None and not families:
             self._lambdas_stored_beside()
         if not self.ctx.holds("class"):
             return
         for cls in statements(self.ctx.tree):
             if not isinstance(cls, ast.ClassDef):
                 continue
-            if saved is not None and self.ctx.is_module_class(cls):
+            module_class = self.ctx.is_module_class(cls)
+            if not (module_class or cls.name in families):
+                continue
+            stored = stored_on_self(self.ctx, cls)
+            if not (stored.found or stored.params):
+                continue  # nothing to report: why it is pickled is not asked
+            if saved is not None and module_class:
                 why = (
                     f"`{self.ctx.segment(saved.call.func)}` at line {saved.call.lineno} "
                     "pickles the whole module"
                 )
             elif cls.name in families:
                 why = families[cls.name]
-            elif self.ctx.is_module_class(cls):
+            else:
+                elsewhere = self._project_pickles()
                 why = elsewhere.get(cls.name) or elsewhere.get("", "") or self._shipped(cls)
                 if not why:
                     continue
-            else:
-                continue
-            stored = stored_on_self(self.ctx, cls)
             for u, attr in stored.found:
                 self._report(u, f"`self.{attr}` of `{cls.name}`", why)
             if stored.params:
                 self._constructor_arguments(cls, stored.params, why)
 
     def _project_pickles(self) -> dict[str, str]:
+        if self._elsewhere is None:
+            self._elsewhere = self._read_project_pickles()
+        return self._elsewhere
+
+    def _read_project_pickles(self) -> dict[str, str]:
         """Module class ("" for any) -> why, from the whole-module pickles of the project's
         other files: a pickled `Net()` is a `Net`; a pickled module of a class the code
         does not show (a `model` parameter, `registry[name](...)`) may be any model the
@@ -170,6 +179,8 @@ class UnpicklableModuleAttribute(Rule):
         }
         if not lambdas or not self.ctx.path or library_package(self.ctx) is None:
             return
+        if self._project_pickles():
+            return  # the project's own pickles are reported as such
         here = os.path.abspath(self.ctx.path)
         stem = os.path.splitext(os.path.basename(here))[0]
         for path in sorted(self.ctx.project.paths):
