@@ -217,6 +217,11 @@ class ProjectIndex:
     # Classes that make an `nn.Parameter` in their body, and their subclasses
     # (analysis/text_facts.parameter_classes; TD213 asks where one is built).
     parameter_classes: frozenset[str] = frozenset()
+    # Module classes whose body names a loss or activation that takes logits
+    # (`binary_cross_entropy_with_logits`, `log_softmax`): a file that builds one may
+    # call a project loss taking logits (analysis/text_facts.logit_loss_classes; TD301,
+    # TD302 read the class where a file calls it).
+    logit_losses: frozenset[str] = frozenset()
     # What rules read from the file system on demand this run, by key (a file's presence,
     # a folder's packaging metadata: analysis/library_package.py): once per run, not per
     # file, and never stale in a long-lived process (each run builds a new index).
@@ -357,6 +362,8 @@ class ProjectIndex:
             text += "\npickles:" + self.pickles_digest
         if self.parameter_classes:
             text += "\nparameters:" + ",".join(sorted(self.parameter_classes))
+        if self.logit_losses:
+            text += "\nlogit-losses:" + ",".join(sorted(self.logit_losses))
         if self.class_files:
             text += "\nclass-files:" + _digest_text(repr(sorted(self.class_files.items())))
         if self.call_facts:  # and whenever the cross-file call facts change

@@ -66,7 +66,9 @@ interpreters see the per-file objects above them only through protocols):
 - `values`        the value lattice: Kind, Place, Value, join, Mismatch, Move, CallSite
 - `default_path`  the path where a caller leaves out a None-default parameter: the CPU
                   values `if h is None: h = torch.zeros(n)` makes stay facts at the join
-                  (`Value.default_of`), the given branch being unknown
+                  (`Value.default_of`), the given branch being unknown; likewise an
+                  attribute `__init__` leaves None (`if self.feature_map is None:` in a
+                  method: the object as built, before a setter runs)
 - `unbound`       keys a scope has not bound before an `if` (a function's local names, a
                   plain `__init__`'s `self.x`): one branch that never binds one leaves it
                   unset, where a use raises, so the join keeps the other branch's value
@@ -96,10 +98,14 @@ interpreters see the per-file objects above them only through protocols):
 - `path_guards`   what the `if` tests around a statement say (`self.task == "binary"`,
                   `if flag:`), and whether two such sets can hold at once: a value followed
                   from one method into another keeps only the branches that run together
+- `settings`      an object's settings (`self.method`, `self.with_focal_loss`): tests on
+                  different ones are independent, a combination is ruled out only by the
+                  class (constants that fail a test, `if <combination>: raise`)
 - `scope_index`   each module's and function's own nodes, calls and assignments, one
                   pass per file (the rules that look at calls scope by scope)
 - `cpu_evidence`  where a scope shows a value can be on a device by bringing it to the
-                  CPU elsewhere (`err.cpu().numpy()` ... `err.numpy()`)
+                  CPU elsewhere (`err.cpu().numpy()` ... `err.numpy()`), or the tensor it is
+                  a part of (`w[i][0].cpu()` ... `w[i][0, 0]`, same subscripts)
 - `wraps`         names that may hold a model wrapped in DataParallel/DDP (on some path),
                   functions that return one, calls that hand one to a parameter (same
                   file, and `ProjectIndex.wrapped_arguments_for` across files; TD404)

@@ -1,4 +1,5 @@
-"""The path where a caller leaves out a parameter whose default is None.
+"""The path where a caller leaves out a parameter whose default is None (or where an
+attribute `__init__` sets to None has not been set yet).
 
 `def forward(self, x, h=None): if h is None: h = torch.zeros(n)` makes `h` on the CPU
 whenever the caller gives no `h`, whatever it is when one is given. The plain join of the
@@ -7,6 +8,10 @@ module's device is lost. A test that can be decided with the parameter at its de
 (`h is None`, `not h`, `h != None`) says which branch that call runs; what that branch
 leaves on the CPU stays a fact, marked `Value.default_of` = the parameter ("CPU when the
 caller leaves it out"), for the rules' messages.
+
+An attribute works the same way: `self.feature_map = None` in `__init__`, set only by a
+method the user may call (`register_feature_map`), makes `if self.feature_map is None:`
+the branch an object runs as built (`Value.default_of` = "self.feature_map").
 """
 
 from __future__ import annotations
@@ -28,13 +33,27 @@ def none_defaults(func: ScopeNode) -> frozenset[str]:
     return frozenset(a.arg for a, d in pairs if isinstance(d, ast.Constant) and d.value is None)
 
 
+def _self_attr(node: ast.expr) -> str | None:
+    """`self.x` -> "self.x" (an attribute of a plain name); None otherwise."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return f"{node.value.id}.{node.attr}"
+    return None
+
+
 def first_bindings(func: ScopeNode, names: frozenset[str]) -> dict[str, int]:
     """The first line where `func` binds each of `names` (assigns, deletes, declares it
-    global or nonlocal); then it is no longer the caller's from that line on."""
+    global or nonlocal; `self.x` for an attribute); then it is no longer the caller's
+    (nor what `__init__` left) from that line on."""
     found: dict[str, int] = {}
     for node in ast.walk(func):
         if isinstance(node, ast.Name) and node.id in names and not isinstance(node.ctx, ast.Load):
             bound = [node.id]
+        elif (
+            isinstance(node, ast.Attribute)
+            and not isinstance(node.ctx, ast.Load)
+            and (attr := _self_attr(node)) in names
+        ):
+            bound = [attr]
         elif isinstance(node, ast.Global | ast.Nonlocal):
             bound = [n for n in node.names if n in names]
         else:
@@ -50,22 +69,36 @@ def when_omitted(test: ast.expr, params: frozenset[str]) -> tuple[str, bool] | N
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         inner = when_omitted(test.operand, params)
         return (inner[0], not inner[1]) if inner else None
-    if isinstance(test, ast.Name) and test.id in params:
-        return test.id, False  # None is falsy
+    subject = _subject(test)
+    if subject is not None and subject in params:
+        return subject, False  # None is falsy
     if (
         isinstance(test, ast.Compare)
         and len(test.ops) == 1
-        and isinstance(test.left, ast.Name)
-        and test.left.id in params
+        and (subject := _subject(test.left)) is not None
+        and subject in params
         and isinstance(test.comparators[0], ast.Constant)
         and test.comparators[0].value is None
     ):
         op = test.ops[0]
         if isinstance(op, ast.Is | ast.Eq):
-            return test.left.id, True
+            return subject, True
         if isinstance(op, ast.IsNot | ast.NotEq):
-            return test.left.id, False
+            return subject, False
     return None
+
+
+def _subject(node: ast.expr) -> str | None:
+    """A parameter's name, or `self.x` (an attribute `__init__` leaves None)."""
+    return node.id if isinstance(node, ast.Name) else _self_attr(node)
+
+
+def default_text(param: str) -> str:
+    """How a message says the default path: the caller leaves out a parameter, or an
+    attribute keeps the None `__init__` gives it (no method has set it yet)."""
+    if "." in param:
+        return f"while `{param}` is still the None `__init__` sets"
+    return f"when the caller leaves out `{param}`"
 
 
 def on_cpu(value: Value) -> bool:

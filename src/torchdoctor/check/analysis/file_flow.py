@@ -250,6 +250,29 @@ class FileFlow(FlowSeeds):
         """Module-level names as the module's code leaves them (globals of functions)."""
         return self.module_scope().exit_env
 
+    def none_attributes(self, cls: ast.ClassDef, func: AnyFunction) -> frozenset[str]:
+        """The attributes `x` that `__init__` leaves None (`self.feature_map = None`), for
+        a method `func` that construction does not run: `if self.x is None:` there is the
+        path of an object as built (analysis/default_path.py)."""
+        init = self.methods(cls).get("__init__")
+        if init is None or init is func or func.name in self.init_helpers(cls):
+            return frozenset()
+        found = self._none_attrs.get(cls)
+        if found is None:
+            if init in self._in_progress:
+                return frozenset()  # asked while construction runs (a call it follows)
+            scope = self.scope(init)
+            prefix = scope.self_name + "."
+            found = frozenset(
+                key[len(prefix) :]
+                for key, value in scope.exit_env.items()
+                if key.startswith(prefix)
+                and "." not in key[len(prefix) :]
+                and value.kind is Kind.NONE
+            )
+            self._none_attrs[cls] = found
+        return found
+
 
 def _module_stems(ctx: FileContext) -> frozenset[str]:
     """The names of the project's modules and packages (file stems, folders holding an

@@ -67,6 +67,7 @@ class FileIndex:
         self._class_uses: dict[ast.ClassDef, dict[str, tuple[int, int, list[AnyFunction]]]] = {}
         self._module_attrs: dict[ast.ClassDef, frozenset[str]] = {}
         self._init_helpers: dict[ast.ClassDef, frozenset[str]] = {}
+        self._none_attrs: dict[ast.ClassDef, frozenset[str]] = {}  # FileFlow.none_attributes
         self._inherited: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
         self._reached_from: dict[
             tuple[ast.ClassDef, AnyFunction], dict[AnyFunction, AnyFunction | None]
@@ -101,6 +102,7 @@ class FileIndex:
         self._self_attrs_assigned.clear()
         self._module_attrs.clear()
         self._init_helpers.clear()
+        self._none_attrs.clear()
         self._inherited.clear()
         self._reached_from.clear()
 

@@ -35,6 +35,7 @@ from torchdoctor.check.analysis.text_facts import (
     batchnorm_classes,
     class_builds,
     cuda_extensions,
+    logit_loss_classes,
     moving_classes,
     nccl_start,
     parameter_classes,
@@ -151,6 +152,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     saving: list[tuple[str, str]] = []  # files that may torch.save a non-tensor object
     moving: set[str] = set()
     parameters: set[str] = set()
+    logit_losses: set[str] = set()
     extensions: set[str] = set()
     classes: dict[str, list[tuple[bool, frozenset[str]]]] = {}
     definitions: dict[str, int] = {}  # class name -> how many files define it
@@ -177,6 +179,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         for name, maybe in self_moving_classes(source).items():
             self_moving.setdefault(name, []).append(maybe)
         parameters |= parameter_classes(source)
+        logit_losses |= logit_loss_classes(source)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
         zeroing = zeroing_calls(source)
         if zeroing is not None:
@@ -233,6 +236,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             and _LOADER_ARGUMENT.search(source) is not None
         ]
     index.parameter_classes = index.subclasses_of(parameters)
+    index.logit_losses = index.module_classes.intersection(logit_losses)
     if candidates and count > 1:  # a lone file sees its own calls directly
         index.call_facts = collect(index, candidates)
     if wrapping and count > 1:  # a lone file sees its own wraps

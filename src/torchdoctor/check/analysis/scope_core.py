@@ -124,6 +124,9 @@ class ScopeCore:
         parameter the scope has not rebound by then (analysis/default_path.py)."""
         if self._none_defaults is None:
             self._none_defaults = none_defaults(self.node)
+            if self.cls is not None and self.self_name and self.is_function:
+                attrs = self.ff.none_attributes(self.cls, self.node)  # type: ignore[arg-type]
+                self._none_defaults |= {f"{self.self_name}.{a}" for a in attrs}
         if not self._none_defaults:
             return None
         found = when_omitted(test, self._none_defaults)
@@ -318,7 +321,14 @@ class ScopeCore:
             if held.kind in _TENSOR_KINDS and held.kind is not Kind.UNKNOWN:
                 self.conversions.append(Conversion(site, node, held, how))
                 return
-        if value == UNKNOWN and isinstance(node, ast.Name | ast.Attribute | ast.Call):
+        if isinstance(node, ast.ListComp | ast.GeneratorExp) and (
+            value.kind is Kind.CONTAINER and value.element in (None, UNKNOWN)
+        ):
+            # `[w[i][0] for i in ...]`: each item is converted; what it is, unknown here
+            node, value = node.elt, UNKNOWN
+        if value == UNKNOWN and isinstance(
+            node, ast.Name | ast.Attribute | ast.Call | ast.Subscript
+        ):
             # not known to be a tensor: the scope may still show it is one, on a device
             # (`err.cpu()` elsewhere: see cpu_evidence)
             self.conversions.append(Conversion(site, node, value, how))

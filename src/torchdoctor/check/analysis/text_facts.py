@@ -118,6 +118,24 @@ def parameter_classes(source: str) -> set[str]:
     return found
 
 
+# What a loss class that takes logits hands its input to (TD301/TD302 follow a call of
+# one, `FocalLoss(a, g)(pred, y)`, into its `forward`).
+_TAKES_LOGITS_WORDS = ("with_logits", "BCEWithLogitsLoss", "log_softmax", "cross_entropy")
+
+
+def logit_loss_classes(source: str) -> set[str]:
+    """Classes whose body names a loss or activation that takes logits: the candidates
+    for a project loss class built on one (the rules read the class to decide)."""
+    found: set[str] = set()
+    if "class" not in source or not any(w in source for w in _TAKES_LOGITS_WORDS):
+        return found
+    source = as_lf(source)
+    for match, body in _class_bodies(source):
+        if any(w in body for w in _TAKES_LOGITS_WORDS):
+            found.add(match.group(1))
+    return found
+
+
 # `class Meter:`: a class header without bases (CLASS_HEADER wants the brackets); found
 # from its `class` word, the line start checked after (a pattern that starts with `^` or
 # a lookbehind is tried at every position: 7 to 17 times slower on torch's tree)

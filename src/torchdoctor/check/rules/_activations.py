@@ -6,8 +6,10 @@ through assignments, tuple unpacking, shape-only ops (`permute`, `reshape`, `x[m
 for a parameter, the arguments its callers in the file pass. Along the way the `if`
 tests on `self.<setting>` that hold at the loss call prune the branches of a method that
 cannot run with it (`_activation_fn` returns a softmax when `self.method == "multiclass"`,
-the loss calls `cross_entropy` under the same test). Every step is a proof: anything not
-understood ends the walk with None.
+the loss calls `cross_entropy` under the same test). Tests on different settings are
+independent (analysis/settings.py): a method whose returns differ gives what the returns
+chosen by its own setting tests give, when the class lets them hold with the loss call's.
+Every step is a proof: anything not understood ends the walk with None.
 """
 
 from __future__ import annotations
@@ -26,21 +28,17 @@ from torchdoctor.check.analysis.path_guards import (
     conditions_at,
     subjects_assigned,
 )
+from torchdoctor.check.analysis.settings import describe, settable
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.rules._activation_facts import (
     _CLASS_OF,
-    _EMPTY_FACTORIES,
     _FUNCTIONS,
     _METHODS,
     _MODULES,
     _SAME_VALUES,
-    LOG_SOFTMAX,
-    SOFTMAX,
-    _binds,
     _class_forward,
     _function_called,
-    _is_empty,
     _last_binding,
     _module_activation,
     _param_conds,
@@ -54,6 +52,7 @@ from torchdoctor.check.rules._activation_facts import (
     str_key,
     str_key_of,
 )
+from torchdoctor.check.rules._activation_joins import joined, log_or_exp
 
 _BUDGET = 400  # steps of one walk: a large class with many callers stays fast
 _MAX_DEPTH = 16
@@ -104,9 +103,11 @@ def activation(
     if name in _FUNCTIONS:
         return _FUNCTIONS[name], f"`{_short(ctx, expr)}` (line {expr.lineno})"
     if name in ("torch.log", "torch.exp") and expr.args:
-        return _log_or_exp(fl, fi, expr, expr.args[0], name.endswith("log"), depth, walk_)
+        return log_or_exp(
+            activation, fl, fi, expr, expr.args[0], name.endswith("log"), depth, walk_
+        )
     if name in ("torch.cat", "torch.stack", "torch.concat") and expr.args:
-        return _joined(fl, fi, expr, depth, walk_)
+        return joined(activation, fl, fi, expr, depth, walk_)
     if isinstance(func, ast.Call):
         kind = _MODULES.get(ctx.qualname(func.func) or "")
         if kind:
@@ -125,7 +126,9 @@ def activation(
         if func.attr in _METHODS:
             return _METHODS[func.attr], f"`{_short(ctx, expr)}` (line {expr.lineno})"
         if func.attr in ("log", "exp") and not expr.args:
-            return _log_or_exp(fl, fi, expr, func.value, func.attr == "log", depth, walk_)
+            return log_or_exp(
+                activation, fl, fi, expr, func.value, func.attr == "log", depth, walk_
+            )
         if func.attr in _SAME_VALUES:
             return activation(fl, fi, func.value, depth + 1, walk_)
     if isinstance(func, ast.Name) and func.id == "self" and walk_.self_cls:
@@ -288,6 +291,54 @@ def _returned(
     conds = walk_.conds
     if conds and subjects_assigned(callee.node, {c.subject for c in conds}):
         conds = []
+    found = _returns(fl, fi, call, callee, owner, conds, depth, walk_, index, key)
+    if found is not None or callee.cls is None or walk_.self_cls is None:
+        return found
+    # Settings are independent: where the returns differ, one chosen by tests on the
+    # object's settings (`if self.method == "binary": return torch.sigmoid(x)`) is what
+    # the call gives whenever those settings hold, unless the tests at the loss call
+    # rule them out (a contradicted test; lead's policy: any combination can be set).
+    for stmt in callee.own_statements():
+        if not isinstance(stmt, ast.Return) or stmt.value is None:
+            continue
+        flags = [c for c in conditions_at(callee.node, stmt) if c.subject.startswith("self.")]
+        if not flags or not compatible(conds, flags):
+            continue
+        if subjects_assigned(callee.node, {c.subject for c in flags}):
+            return None
+        narrowed = [*conds, *flags]
+        if not settable(callee.cls, [c for c in narrowed if c.subject.startswith("self.")]):
+            continue  # a combination the class rules out (analysis/settings.py)
+        found = _returns(
+            fl,
+            fi,
+            call,
+            callee,
+            owner,
+            narrowed,
+            depth,
+            walk_.to(walk_.self_cls, narrowed),
+            index,
+            key,
+        )
+        if found is not None:
+            return found[0], f"{found[1]} when {describe(flags)}"
+    return None
+
+
+def _returns(
+    fl: FileLoops,
+    fi: FunctionInfo,
+    call: ast.Call,
+    callee: FunctionInfo,
+    owner: FileLoops,
+    conds: list[Cond],
+    depth: int,
+    walk_: _Walk,
+    index: int | None,
+    key: str | None,
+) -> tuple[str, str] | None:
+    """What every `return` of `callee` that can run under `conds` gives (see _returned)."""
     results: list[tuple[str, str] | None] = []
     first: ast.Return | None = None
     for stmt in callee.own_statements():
@@ -398,80 +449,6 @@ def _from_function_callers(
                 f"`{param}`, which `{caller.name}` passes as {found[1]} (line {call.lineno})"
             )
     return None
-
-
-def _log_or_exp(
-    fl: FileLoops,
-    fi: FunctionInfo,
-    expr: ast.Call,
-    inner_expr: ast.expr,
-    is_log: bool,
-    depth: int,
-    walk_: _Walk,
-) -> tuple[str, str] | None:
-    """log of probabilities is log-probabilities; exp of log-probabilities is probabilities."""
-    inner = activation(fl, fi, inner_expr, depth + 1, walk_)
-    want, gives = (SOFTMAX, LOG_SOFTMAX) if is_log else (LOG_SOFTMAX, SOFTMAX)
-    if inner is None or inner[0] != want:
-        return None
-    return gives, f"`{_short(fl.ctx, expr)}` (line {expr.lineno}) of {inner[1]}"
-
-
-def _joined(
-    fl: FileLoops, fi: FunctionInfo, expr: ast.Call, depth: int, walk_: _Walk
-) -> tuple[str, str] | None:
-    """`torch.cat([p1, p2])` of outputs of one activation: `acc = torch.cat((acc, p))` in a
-    loop counts when every value `acc` is given is empty or such a join."""
-    seq = expr.args[0]
-    if not isinstance(seq, ast.Tuple | ast.List) or not seq.elts:
-        return None
-    kinds: set[str] = set()
-    proof = ""
-    for elt in seq.elts:
-        if isinstance(elt, ast.Name) and _accumulator(fl, fi, elt.id, depth, walk_):
-            continue
-        found = activation(fl, fi, elt, depth + 1, walk_)
-        if found is None:
-            return None
-        kinds.add(found[0])
-        proof = proof or found[1]
-    if len(kinds) != 1:
-        return None
-    return kinds.pop(), f"`{_short(fl.ctx, expr)}` (line {expr.lineno}) of {proof}"
-
-
-def _accumulator(fl: FileLoops, fi: FunctionInfo, name: str, depth: int, walk_: _Walk) -> bool:
-    """Every value `name` is given in `fi` is an empty tensor or a `torch.cat` holding
-    `name` itself whose other items are one activation's outputs."""
-    values = []
-    for stmt in fi.own_statements():
-        if isinstance(stmt, ast.AugAssign | ast.AnnAssign | ast.For) and _binds(stmt, name):
-            return False
-        if isinstance(stmt, ast.Assign) and _binds(stmt, name):
-            if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
-                return False
-            values.append(stmt.value)
-    if not values or name in fi.params():
-        return False
-    joins = 0
-    for value in values:
-        if not isinstance(value, ast.Call):
-            return False
-        qual = fl.ctx.qualname(value.func) or ""
-        if qual in _EMPTY_FACTORIES and _is_empty(value):
-            continue
-        if qual not in ("torch.cat", "torch.stack", "torch.concat") or not value.args:
-            return False
-        seq = value.args[0]
-        if not isinstance(seq, ast.Tuple | ast.List):
-            return False
-        others = [e for e in seq.elts if not (isinstance(e, ast.Name) and e.id == name)]
-        if len(others) == len(seq.elts) or not others:
-            return False
-        if any(activation(fl, fi, e, depth + 1, walk_) is None for e in others):
-            return False
-        joins += 1
-    return joins > 0
 
 
 def _model_output(

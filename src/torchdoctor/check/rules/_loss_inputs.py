@@ -23,7 +23,15 @@ from torchdoctor.check.rules._activation_facts import (
 from torchdoctor.check.rules._activations import activation
 from torchdoctor.check.tree_walk import iter_children, spans_a_line
 
-__all__ = ["LOG_SOFTMAX", "SIGMOID", "SOFTMAX", "activation", "loss_calls", "loss_kind"]
+__all__ = [
+    "LOG_SOFTMAX",
+    "SIGMOID",
+    "SOFTMAX",
+    "activation",
+    "built_logit_losses",
+    "loss_calls",
+    "loss_kind",
+]
 
 CROSS_ENTROPY = "cross_entropy"
 NLL = "nll_loss"
@@ -59,12 +67,20 @@ def _loss_calls(ctx: FileContext) -> list[tuple[FunctionInfo, ast.Call, str]]:
         else set()
     )
     instances |= _user_loss_instances(fl)
+    # `FocalLoss(a, g)(pred, y)`: a project loss built and called at once
+    built = tuple(f"{c}(" for c in built_logit_losses(ctx))
     # a loss call's text names the loss, an instance of it or an import alias of it: only
     # statements on such lines are searched for calls
-    lines = ctx.lines_holding((*_LOSS_WORDS, *instances, *ctx.call_needles(_LOSS_FUNCTION_NAMES)))
+    lines = ctx.lines_holding(
+        (*_LOSS_WORDS, *instances, *built, *ctx.call_needles(_LOSS_FUNCTION_NAMES))
+    )
     found = []
     for fi in fl.all_functions():
-        if not any(w in fi.text for w in _LOSS_WORDS) and not any(i in fi.text for i in instances):
+        if (
+            not any(w in fi.text for w in _LOSS_WORDS)
+            and not any(i in fi.text for i in instances)
+            and not any(b in fi.text for b in built)
+        ):
             continue
         for stmt in fi.own_statements():
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -118,8 +134,9 @@ def loss_kind(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> str | None:
     name = ctx.qualname(call.func) or ""
     if name in _LOSS_FUNCTIONS:
         return _LOSS_FUNCTIONS[name]
-    if isinstance(call.func, ast.Call):
-        return _LOSS_MODULES.get(ctx.qualname(call.func.func) or "")
+    if isinstance(call.func, ast.Call):  # `nn.BCEWithLogitsLoss()(x, y)`, `FocalLoss()(x, y)`
+        kind = _LOSS_MODULES.get(ctx.qualname(call.func.func) or "")
+        return kind or user_loss_kind(fl, call.func.func)
     key = dotted(call.func)
     if key is None:
         return None
@@ -146,6 +163,12 @@ _TAKES_LOGITS_MODULES = {
     "torch.nn.BCEWithLogitsLoss": BCE_LOGITS,
 }
 _RESHAPES = frozenset({"permute", "reshape", "view", "transpose", "contiguous", "flatten", "float"})
+
+
+def built_logit_losses(ctx: FileContext) -> list[str]:
+    """The project's module classes whose body names a loss taking logits that this file
+    calls by name (text only: the class is read when a call of it is looked at)."""
+    return [c for c in ctx.project.logit_losses if f"{c}(" in ctx.source]
 
 
 def _user_loss_instances(fl: FileLoops) -> set[str]:
@@ -187,7 +210,7 @@ def _class_kind(fl: FileLoops, name: str) -> str | None:
         if (
             isinstance(stmt, ast.Assign)
             and any(_names(t, x) for t in stmt.targets)
-            and (len(stmt.targets) != 1 or not _reshaped(stmt.value, x))
+            and (len(stmt.targets) != 1 or not _carried(owner.ctx, stmt.value, x))
         ):
             return None
     kinds = set()
@@ -213,6 +236,20 @@ def _class_kind(fl: FileLoops, name: str) -> str | None:
 
 def _names(target: ast.expr, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(target))
+
+
+def _carried(ctx: FileContext, expr: ast.expr, name: str) -> bool:
+    """`name`'s values, reshaped at most, or joined with others into one tensor
+    (`torch.cat([1 - x, x], 1)`: the two-class form of a binary input still holds
+    every value of `x` as it was)."""
+    if _reshaped(expr, name):
+        return True
+    if not (isinstance(expr, ast.Call) and expr.args):
+        return False
+    if ctx.qualname(expr.func) not in ("torch.cat", "torch.stack", "torch.concat"):
+        return False
+    seq = expr.args[0]
+    return isinstance(seq, ast.List | ast.Tuple) and any(_reshaped(e, name) for e in seq.elts)
 
 
 def _reshaped(expr: ast.expr, name: str) -> bool:

@@ -6,6 +6,7 @@ import re
 from typing import ClassVar
 
 from torchdoctor.check.analysis.class_calls import inherited_calls
+from torchdoctor.check.analysis.default_path import default_text
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.scope import ScopeFlow
@@ -278,7 +279,7 @@ class FactoryWithoutDevice(Rule):
                 path += f"; {through} runs it"
         if factory in LEGACY_CONSTRUCTORS:
             if m.cpu.default_of:
-                path += f", when the caller leaves out `{m.cpu.default_of}`"
+                path += f", {default_text(m.cpu.default_of)}"
             dtype = _LEGACY_DTYPES.get(factory, "")
             return (
                 f"`{qual}(...)` is a legacy constructor: it always makes its tensor on the CPU, "
@@ -287,7 +288,7 @@ class FactoryWithoutDevice(Rule):
                 + ("" if dtype else f" for data, `torch.empty(..., device={device})` for sizes")
             )
         if m.cpu.default_of:  # `if h is None: h = torch.zeros(n)`
-            path += f", when the caller leaves out `{m.cpu.default_of}`"
+            path += f", {default_text(m.cpu.default_of)}"
         made = "has no `device=`: it is made on the CPU"
         if isinstance(m.cpu.source, ast.Call) and any(
             k.arg == "device" for k in m.cpu.source.keywords

@@ -4,6 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.default_path import default_text
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import dotted
@@ -170,7 +171,7 @@ class UnregisteredTensor(Rule):
         if helper:
             made += f" in `{helper}`, which `__init__` runs"
         if value.default_of:  # `w if w is not None else torch.ones(n)`
-            made += f" when the caller leaves out `{value.default_of}`"
+            made += f" {default_text(value.default_of)}"
         message = (
             f"`self.{attr}` is a plain tensor attribute ({made}), not a buffer: "
             f"`model.to(device)` leaves it on the CPU, where `{method}` uses it with tensors on "

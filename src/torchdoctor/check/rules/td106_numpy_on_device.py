@@ -3,7 +3,7 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from torchdoctor.check.analysis.cpu_evidence import CpuEvidence, cpu_evidence_for
+from torchdoctor.check.analysis.cpu_evidence import CpuEvidence, access_key, cpu_evidence_for
 from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.torch_api import (
@@ -100,7 +100,8 @@ class NumpyOnDevice(Rule):
                 text = _short(self.ctx.segment(conversion.node))
                 self.report(
                     conversion.site,
-                    f"`{text}` can be on a device ({_evidence_text(self.ctx, evidence)}): "
+                    f"`{text}` can be on a device "
+                    f"({_evidence_text(self.ctx, evidence, conversion.node)}): "
                     f"{conversion.how} converts it with `.numpy()`, which raises for such a "
                     "tensor; convert it yourself with `.cpu().numpy()`",
                 )
@@ -173,7 +174,8 @@ class NumpyOnDevice(Rule):
             return
         message = (
             f"`{_short(self.ctx.segment(receiver))}` can be on a device "
-            f"({_evidence_text(self.ctx, evidence)}): `.numpy()` raises `TypeError: can't "
+            f"({_evidence_text(self.ctx, evidence, receiver)}): "
+            "`.numpy()` raises `TypeError: can't "
             "convert cuda:0 device type tensor to numpy` there; use `.cpu().numpy()`"
         )
         fix = self.ctx.fix("insert `.cpu()`", self.ctx.insert_after(receiver, ".cpu()"))
@@ -185,11 +187,14 @@ def _short(text: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _evidence_text(ctx: FileContext, evidence: CpuEvidence) -> str:
+def _evidence_text(ctx: FileContext, evidence: CpuEvidence, use: ast.expr) -> str:
     moved = " ".join(ctx.segment(evidence.call).split())
     if len(moved) > 40:
         moved = "..." + moved[-37:]
-    return f"the same value is brought to the CPU at line {evidence.call.lineno}: `{moved}`"
+    read = access_key(use)
+    what = "the tensor it is part of" if read and len(read[0]) > len(evidence.key) else ""
+    where = f"line {evidence.call.lineno}"
+    return f"{what or 'the same value'} is brought to the CPU at {where}: `{moved}`"
 
 
 _DEVICE_OR_GRAD = (

@@ -4,7 +4,13 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._loss_inputs import BCE_LOGITS, SIGMOID, activation, loss_calls
+from torchdoctor.check.rules._loss_inputs import (
+    BCE_LOGITS,
+    SIGMOID,
+    activation,
+    built_logit_losses,
+    loss_calls,
+)
 
 
 class SigmoidIntoBce(Rule):
@@ -15,7 +21,10 @@ class SigmoidIntoBce(Rule):
     input already went through a sigmoid -- directly, through a variable or a dict
     item, or from a model whose `forward` ends in `sigmoid` or whose last layer is
     `nn.Sigmoid` -- and calls of a project loss class whose `forward` hands its input,
-    reshaped at most, to `binary_cross_entropy_with_logits`.
+    reshaped at most (or joined into one tensor, `torch.cat([1 - x, x], 1)`), to
+    `binary_cross_entropy_with_logits`. Settings are independent: a method that returns
+    a sigmoid under `if self.method == "binary":` gives one to a loss called under
+    `if self.with_focal_loss:`, since both can be set at once.
 
     A sigmoid output fed to `BCELoss` (numerically weaker, but a correct loss) is
     advice: TD304 says it, when advice is selected.
@@ -51,8 +60,9 @@ class SigmoidIntoBce(Rule):
 
     def finish(self) -> None:
         src = self.ctx.source
-        if not any(t in src for t in ("binary_cross_entropy_with_logits", "BCEWithLogitsLoss")):
-            return
+        words = ("binary_cross_entropy_with_logits", "BCEWithLogitsLoss")
+        if not any(t in src for t in words) and not built_logit_losses(self.ctx):
+            return  # no loss taking logits here (nor a project class built on one)
         fl = analysis(self.ctx)
         for fi, call, _ in loss_calls(self.ctx, frozenset({BCE_LOGITS})):
             if not call.args:
