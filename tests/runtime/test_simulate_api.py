@@ -77,6 +77,9 @@ def test_torch_accelerator(sim: Simulation) -> None:
     assert torch.accelerator.device_count() == 2
     torch.accelerator.set_device_index(1)
     assert torch.accelerator.current_device_index() == 1
+    with torch.accelerator.device_index(0):
+        assert torch.zeros(1, device="cuda").device == CUDA0
+    assert torch.accelerator.current_device_index() == 1
 
 
 def test_default_device_generators_and_device_context(sim: Simulation) -> None:

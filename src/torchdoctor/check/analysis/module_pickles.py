@@ -16,7 +16,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from torchdoctor.check.analysis.scope_index import assignments, calls_on_lines
+from torchdoctor.check.analysis.scope_index import binding, calls_on_lines
 from torchdoctor.check.context import FileContext
 
 _PICKLES = frozenset({"pickle.dump", "pickle.dumps", "torch.save", "torch.serialization.save"})
@@ -159,7 +159,7 @@ def _module_class(
             None,
         )
         return owner.name if owner is not None and ctx.is_module_class(owner) else None
-    bound = _binding(ctx, scope, obj.id, line)
+    bound = binding(ctx, scope, obj.id, line)
     named = bool(_MODEL_NAME.fullmatch(obj.id))
     if bound is None:
         return "" if named else None  # a parameter or a global: the name decides
@@ -183,13 +183,3 @@ def _looked_up(value: ast.expr) -> bool:
     """A call of what a lookup by a computed key returns (`registry[name](...)`,
     `getattr(models, arch)(...)`): which callable it is, the code does not say."""
     return isinstance(value, ast.Call) and isinstance(value.func, ast.Subscript | ast.Call)
-
-
-def _binding(ctx: FileContext, scope: ast.AST, name: str, before: int) -> ast.expr | None:
-    """The value of the latest plain `name = value` before line `before` in `scope`."""
-    latest: ast.expr | None = None
-    latest_line = -1
-    for node in assignments(ctx, scope).get(name, ()):
-        if latest_line < node.lineno < before and node.value is not None:
-            latest, latest_line = node.value, node.lineno
-    return latest

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from torchdoctor.check.analysis.file_loops import sibling_file
-from torchdoctor.check.analysis.scope_index import assignments, calls_on_lines
+from torchdoctor.check.analysis.scope_index import assignments, binding, calls_on_lines
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.project import SavedFile
 from torchdoctor.check.tree_walk import walk
@@ -60,17 +60,6 @@ def keyword(call: ast.Call, name: str) -> ast.expr | None:
 
 def save_path(call: ast.Call) -> ast.expr | None:
     return call.args[1] if len(call.args) > 1 else keyword(call, "f")
-
-
-def binding(ctx: FileContext, scope: ast.AST, name: str, before: int) -> ast.expr | None:
-    """The value of the latest plain `name = value` before line `before` in `scope`
-    (`name` may be `self.attr`)."""
-    latest: ast.expr | None = None
-    latest_line = -1
-    for node in assignments(ctx, scope).get(name, ()):
-        if latest_line < node.lineno < before and node.value is not None:
-            latest, latest_line = node.value, node.lineno
-    return latest
 
 
 def enclosing_class(tree: ast.Module, scope: ast.AST) -> ast.ClassDef | None:

@@ -141,3 +141,14 @@ def assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign |
                 ):
                     found.setdefault(f"self.{target.attr}", []).append(node)
     return found
+
+
+def binding(ctx: FileContext, scope: ast.AST, name: str, before: int) -> ast.expr | None:
+    """The value of the latest plain `name = value` before line `before` in `scope`
+    (`name` may be `self.attr`)."""
+    latest: ast.expr | None = None
+    latest_line = -1
+    for node in assignments(ctx, scope).get(name, ()):
+        if latest_line < node.lineno < before and node.value is not None:
+            latest, latest_line = node.value, node.lineno
+    return latest

@@ -9,13 +9,12 @@ from torchdoctor.check.analysis.saved_objects import (
     SAVES,
     Save,
     SavedObjects,
-    binding,
     enclosing_class,
     file_keys,
     keyword,
     save_path,
 )
-from torchdoctor.check.analysis.scope_index import calls_on_lines, own_nodes
+from torchdoctor.check.analysis.scope_index import binding, calls_on_lines, own_nodes
 from torchdoctor.check.project import SavedFile
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.tree_walk import walk

@@ -21,6 +21,26 @@ def install(patches: Patches) -> None:
     _accelerator(patches)
 
 
+def _current_device_class(patches: Patches) -> type[Any]:
+    """`torch.cuda.device(i)` / `torch.accelerator.device_index(i)`: make virtual device
+    i the current one inside the block (None or a negative index: leave it)."""
+
+    class _CurrentDevice:
+        def __init__(self, device: Any = None) -> None:
+            self.idx = -1 if device is None else patches._index(device)
+            self.prev = -1
+
+        def __enter__(self) -> None:
+            self.prev = patches.devices.current
+            if self.idx >= 0:
+                patches.devices.current = self.idx
+
+        def __exit__(self, *exc: object) -> None:
+            patches.devices.current = self.prev
+
+    return _CurrentDevice
+
+
 def _device_module_functions(patches: Patches) -> dict[str, Any]:
     """Functions shared by torch.cuda, torch.mps and torch.accelerator."""
     devices = patches.devices
@@ -157,22 +177,9 @@ def _cuda_module(patches: Patches) -> None:
         def __exit__(self, *exc: object) -> None:
             return None
 
-    class _DeviceContext:
-        """torch.cuda.device(i): make i the current device inside the block."""
+    _DeviceContext = _current_device_class(patches)
 
-        def __init__(self, device: Any) -> None:
-            self.idx = -1 if device is None else patches._index(device)
-            self.prev = -1
-
-        def __enter__(self) -> None:
-            self.prev = patches.devices.current
-            if self.idx >= 0:
-                patches.devices.current = self.idx
-
-        def __exit__(self, *exc: object) -> None:
-            patches.devices.current = self.prev
-
-    def device_of(obj: Any) -> _DeviceContext:
+    def device_of(obj: Any) -> Any:
         if isinstance(obj, Tensor) and obj.is_cuda:
             return _DeviceContext(obj.get_device())
         return _DeviceContext(None)
@@ -275,19 +282,6 @@ def _accelerator(patches: Patches) -> None:
     backend = patches.backend
     total_memory = 80 * 1024**3
 
-    class _DeviceIndex:
-        def __init__(self, device: Any = None) -> None:
-            self.idx = -1 if device is None else patches._index(device)
-            self.prev = -1
-
-        def __enter__(self) -> None:
-            self.prev = patches.devices.current
-            if self.idx >= 0:
-                patches.devices.current = self.idx
-
-        def __exit__(self, *exc: object) -> None:
-            patches.devices.current = self.prev
-
     fake = {
         "is_available": lambda: True,
         "current_accelerator": lambda check_available=False: torch.device(backend),
@@ -301,7 +295,7 @@ def _accelerator(patches: Patches) -> None:
         "empty_host_cache": noop,
         "current_stream": lambda device=None: patches.stream_class(device),
         "set_stream": noop,
-        "device_index": _DeviceIndex,
+        "device_index": _current_device_class(patches),
         "get_memory_info": lambda device=None: (total_memory, total_memory),
         "get_device_capability": lambda device=None: {"major": 8, "minor": 0},
     }
