@@ -94,8 +94,9 @@ def reaches(site: str, imported: tuple[str, ...], path: str) -> bool:
     one of the site's folders (`tests/test_save.py` importing `zoo` uses `zoo/...`). A
     folder of unrelated examples (`a/train.py`, `b/net.py`) is another program. Inside
     the package the site lies in, only the modules it imports by their dotted name count:
-    every module of `torch` imports `torch`, which does not make a test helper of
-    `torch/testing/` pickle the models of `torch/_dynamo/`."""
+    every module of `torch` imports `torch`, which alone does not make a test helper of
+    `torch/testing/` pickle the models of `torch/_dynamo/` (importing `torch._dynamo`
+    does)."""
     if not site:
         return False  # a text with no path: where it lies is unknown
     here = os.path.dirname(os.path.abspath(site))
