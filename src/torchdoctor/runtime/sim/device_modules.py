@@ -27,7 +27,7 @@ def _current_device_class(patches: Patches) -> type[Any]:
 
     class _CurrentDevice:
         def __init__(self, device: Any = None) -> None:
-            self.idx = -1 if device is None else patches._index(device)
+            self.idx = -1 if device is None else patches.device_index(device)
             self.prev = -1
 
         def __enter__(self) -> None:
@@ -46,10 +46,10 @@ def _device_module_functions(patches: Patches) -> dict[str, Any]:
     devices = patches.devices
 
     def set_device(device: Any) -> None:
-        devices.current = patches._index(device)
+        devices.current = patches.device_index(device)
 
     def synchronize(device: Any = None) -> None:
-        patches._index(device)
+        patches.device_index(device)
 
     def zero(device: Any = None) -> int:
         return 0
@@ -105,7 +105,7 @@ def _cuda_module(patches: Patches) -> None:
 
     class _Stream:
         def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-            self.device = torch.device(patches.backend, patches._index(device))
+            self.device = torch.device(patches.backend, patches.device_index(device))
             self.priority = priority
             self.cuda_stream = 0  # the raw handle libraries read: the default stream
 
@@ -185,7 +185,7 @@ def _cuda_module(patches: Patches) -> None:
         return _DeviceContext(None)
 
     def props(device: Any = None) -> _Properties:
-        return _Properties(patches._index(device))
+        return _Properties(patches.device_index(device))
 
     def unsupported(what: str) -> type:
         """A class (isinstance checks keep working) that refuses to be made."""

@@ -29,7 +29,6 @@ from torchdoctor.runtime.sim import (
 )
 from torchdoctor.runtime.sim.devices import (
     CPU,
-    PINNED,
     TAG,
     InvalidOrdinal,
     device_of,
@@ -171,18 +170,11 @@ class Patches:
         p.set(Tensor, "is_cpu", property(is_cpu))
         p.set(Tensor, "get_device", get_device)
 
-    # -- moves: to / cuda / cpu ----------------------------------------------
+    # -- the virtual device an argument names (torch.cuda: device_modules.py) -
 
-    # -- factories -----------------------------------------------------------
-
-    # -- numpy, pin_memory ---------------------------------------------------
-
-    def _mark_pinned(self, t: Tensor) -> None:
-        setattr(t.untyped_storage(), PINNED, True)
-
-    # -- torch.cuda / torch.mps / torch.accelerator --------------------------
-
-    def _index(self, device: Any) -> int:
+    def device_index(self, device: Any) -> int:
+        """A user's device argument (None, an index, `"cuda:1"`) -> a virtual device's
+        index; the current one where it names none, an invalid ordinal reported."""
         if device is None:
             return self.devices.current
         if isinstance(device, int) and not isinstance(device, bool):
@@ -217,7 +209,7 @@ class Patches:
 
             def __call__(cls, *args: Any, **kwargs: Any) -> Any:
                 if len(args) == 1 and not kwargs and type(args[0]) is int:
-                    return torch.device(patches.backend, patches._index(args[0]))
+                    return torch.device(patches.backend, patches.device_index(args[0]))
                 return real(*args, **kwargs)
 
         class device(metaclass=_DeviceMeta):  # stands in for torch.device
@@ -256,12 +248,6 @@ class Patches:
 
         with contextlib.suppress(TypeError):  # a torch whose Generator cannot be subclassed
             self.patcher.set(torch, "Generator", Generator)
-
-    # -- torch.save / torch.load ---------------------------------------------
-
-    # -- optimizers, grad clipping, GradScaler -------------------------------
-
-    # -- RNN device checks ---------------------------------------------------
 
     # -- deepcopy of storages, pickling --------------------------------------
 
@@ -359,7 +345,7 @@ class Patches:
         def device(index: Any) -> torch.device:
             if isinstance(index, torch.device) and index.type == "cpu":
                 return CPU
-            return torch.device(backend, patches._index(index))
+            return torch.device(backend, patches.device_index(index))
 
         def scatter(
             tensor: Tensor,

@@ -29,6 +29,10 @@ _MISSING: Any = object()
 _base = torch._C.TensorBase  # type: ignore[attr-defined]
 
 
+def _mark_pinned(t: Tensor) -> None:
+    setattr(t.untyped_storage(), PINNED, True)
+
+
 def install(patches: Patches) -> None:
     _tensor_moves(patches)
     _factories(patches)
@@ -176,7 +180,6 @@ def _tensor_moves(patches: Patches) -> None:
 
 def _factories(patches: Patches) -> None:
     p = patches.patcher
-    pin_site = patches._mark_pinned
 
     def wrap(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -201,7 +204,7 @@ def _factories(patches: Patches) -> None:
                 set_tag(out, target)
                 set_site(out, user_site(f"torch.{name}(...)"))
                 if pinned and target is None:
-                    pin_site(out)
+                    _mark_pinned(out)
             return out
 
         return factory
@@ -318,7 +321,7 @@ def _numpy_and_pinning(patches: Patches) -> None:
         if getattr(self.untyped_storage(), PINNED, False):
             return self
         out = self.clone()
-        setattr(out.untyped_storage(), PINNED, True)
+        _mark_pinned(out)
         return out
 
     def is_pinned(self: Tensor, device: Any = None) -> bool:

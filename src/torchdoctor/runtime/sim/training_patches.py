@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from torchdoctor.runtime.sim.patches import Patches
 
 Tensor = torch.Tensor
-_MISSING: Any = object()
 
 
 _holders_cache: tuple[int, list[Any]] = (-1, [])
@@ -99,7 +98,7 @@ def _serialization(patches: Patches) -> None:
 
     def storage_cuda(self_: Any, device: Any = None, non_blocking: bool = False, **kw: Any) -> Any:
         copied = self_.clone()
-        index = patches.devices.current if device is None else patches._index(device)
+        index = patches.devices.current if device is None else patches.device_index(device)
         setattr(copied, TAG, patches.devices.get(index))
         return copied
 
