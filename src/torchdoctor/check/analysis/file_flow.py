@@ -50,7 +50,7 @@ class FileFlow(FlowSeeds):
         self._call_facts: dict[object, CallFacts | None] = {}
         self._call_budget = self.CALL_BUDGET
         self._calls_in_progress: set[ast.AST] = set()
-        self._foreign_functions: dict[str, ForeignMethod | None] = {}
+        self._foreign_functions: dict[str, tuple[FileFlow, AnyFunction] | None] = {}
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
@@ -149,10 +149,7 @@ class FileFlow(FlowSeeds):
         other = project_file(self.ctx, path)
         if other is None:
             return None
-        flow = file_flow(other.ctx)
-        # that file's facts are shared by every file asking: each asks with a full budget,
-        # so what it is told does not depend on what was asked before
-        flow._call_budget = self.CALL_BUDGET
+        flow = _asked(file_flow(other.ctx))
         node = flow.classes.get(cls)
         method = flow.inherited_methods(node).get(name) if node is not None else None
         if method is None or _is_static(method):
@@ -169,14 +166,10 @@ class FileFlow(FlowSeeds):
             found = self._foreign_functions[qual]
         else:
             found = self._foreign_functions[qual] = self._find_function(qual)
-        if found is not None:
-            # that file's facts are shared by every file asking: each asks with a full
-            # budget, so what it is told does not depend on what was asked before
-            found[0]._call_budget = self.CALL_BUDGET  # type: ignore[attr-defined]
-        return found
+        return None if found is None else (_asked(found[0]), found[1])
 
-    def _find_function(self, qual: str) -> ForeignMethod | None:
-        found: ForeignMethod | None = None
+    def _find_function(self, qual: str) -> tuple[FileFlow, AnyFunction] | None:
+        found: tuple[FileFlow, AnyFunction] | None = None
         ctx, target = self.ctx, qual
         for _ in range(2):  # the import, then one re-export in a package `__init__`
             module, _, last = target.rpartition(".")
@@ -272,6 +265,14 @@ class FileFlow(FlowSeeds):
             )
             self._none_attrs[cls] = found
         return found
+
+
+def _asked(flow: FileFlow) -> FileFlow:
+    """Another file's facts, asked by this one: they are shared by every file asking,
+    and each asks with a full budget, so what it is told does not depend on what was
+    asked before."""
+    flow._call_budget = flow.CALL_BUDGET
+    return flow
 
 
 def _module_stems(ctx: FileContext) -> frozenset[str]:
