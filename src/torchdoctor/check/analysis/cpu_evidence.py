@@ -28,11 +28,10 @@ CPU evidence counts for a use only when
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.torch_api import _TENSOR_ATTRS_SAME, PRESERVING_METHODS, REDUCTIONS
-from torchdoctor.check.context import FileContext
+from torchdoctor.check.context import IDENTIFIER, FileContext
 
 # steps that keep a tensor where it is
 _KEEP_METHODS = (
@@ -125,7 +124,7 @@ def access_key(
 def _name_text(name: str, local: _Locals, names: set[str]) -> str:
     if name in local:
         iterated = local[name]
-        names.update(n for n in _IDENT.findall(iterated))
+        names.update(IDENTIFIER.findall(iterated))
         return f"@{iterated}"
     names.add(name)
     return name
@@ -147,9 +146,6 @@ def _index_text(item: ast.expr, local: _Locals, names: set[str]) -> str | None:
             return None
         return ":".join(t or "" for t in texts)
     return None
-
-
-_IDENT = re.compile(r"[A-Za-z_]\w*")
 
 
 def cpu_evidence_for(ctx: FileContext, scope: ast.AST, use: ast.expr) -> CpuEvidence | None:
