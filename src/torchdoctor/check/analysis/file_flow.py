@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from torchdoctor.check.analysis.file_loops import project_file, sibling_file
 from torchdoctor.check.analysis.flow_seeds import FlowSeeds
 from torchdoctor.check.analysis.interfaces import ForeignMethod
+from torchdoctor.check.analysis.object_state import method_aliases, registered_buffers
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
     _is_static,
@@ -51,12 +52,16 @@ class FileFlow(FlowSeeds):
         self._call_budget = self.CALL_BUDGET
         self._calls_in_progress: set[ast.AST] = set()
         self._foreign_functions: dict[str, tuple[FileFlow, AnyFunction] | None] = {}
+        self._buffers: dict[ast.ClassDef, frozenset[str]] = {}
+        self._aliases: dict[ast.ClassDef, dict[str, tuple[AnyFunction, ...]]] = {}
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
         self._scopes.clear()
         self._call_facts.clear()
         self._foreign_functions.clear()
+        self._buffers.clear()
+        self._aliases.clear()
         super().release()
 
     # -- scopes ------------------------------------------------------------------------
@@ -237,6 +242,58 @@ class FileFlow(FlowSeeds):
         found = self._makes_factory.get(func)
         if found is None:
             found = self._makes_factory[func] = returns_factory(self.text(func))
+        return found
+
+    def buffers(self, cls: ast.ClassDef) -> frozenset[str]:
+        """Names construction registers as buffers (`self.register_buffer("beta", t)`),
+        in `cls` or its bases (of this file, or of the one other project file defining a
+        module class of that name): tensors `model.to(device)` moves. A method that
+        construction does not run and that assigns one removes it (it may put a tensor
+        there after the move)."""
+        found = self._buffers.get(cls)
+        if found is None:
+            self._buffers[cls] = frozenset()  # cyclic bases
+            names = set(registered_buffers(cls)) if "register_buffer" in self.text(cls) else set()
+            for base in cls.bases:
+                names |= self._base_buffers(base)
+            if names:
+                helpers = self.init_helpers(cls)
+                for name, method in self.methods(cls).items():
+                    if name != "__init__" and name not in helpers:
+                        assigned = self.self_attrs_assigned(method)
+                        names = set() if "*" in assigned else names - assigned
+            found = self._buffers[cls] = frozenset(names)
+        return found
+
+    def _base_buffers(self, base: ast.expr) -> frozenset[str]:
+        if isinstance(base, ast.Name) and base.id in self.classes:
+            return self.buffers(self.classes[base.id])
+        qual = self.ctx.qualname(base) or ""
+        last = qual.rpartition(".")[2]
+        if not last or qual.startswith("torch.") or last not in self.project.module_classes:
+            return frozenset()
+        paths = self.project.class_files.get(last, ())
+        if len(paths) != 1:
+            return frozenset()
+        # the one file defining it must be the one the import names (`.neurons` ->
+        # `.../neurons.py`; a package re-export `from .models import Net` is not read)
+        module = qual.lstrip(".").rpartition(".")[0]
+        tail = "/" + module.replace(".", "/")
+        path = "/" + paths[0].replace("\\", "/")
+        if not module or not path.endswith((tail + ".py", tail + "/__init__.py")):
+            return frozenset()
+        other = project_file(self.ctx, paths[0])
+        if other is None:
+            return frozenset()
+        flow = file_flow(other.ctx)
+        node = flow.classes.get(last)
+        return flow.buffers(node) if node is not None else frozenset()
+
+    def method_aliases(self, cls: ast.ClassDef) -> dict[str, tuple[AnyFunction, ...]]:
+        """`object_state.method_aliases` of `cls` (cached)."""
+        found = self._aliases.get(cls)
+        if found is None:
+            found = self._aliases[cls] = method_aliases(cls, self.methods(cls))
         return found
 
     def module_exit_env(self) -> Env:

@@ -7,7 +7,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.scope_methods import ScopeMethods
+from torchdoctor.check.analysis.scope_self import ScopeSelf
 from torchdoctor.check.analysis.syntax import _is_static, dotted
 from torchdoctor.check.analysis.values import (
     _TENSOR_KINDS,
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from torchdoctor.check.analysis.interfaces import FileFacts
 
 
-class ScopeCalls(ScopeMethods):
+class ScopeCalls(ScopeSelf):
     """Evaluates calls."""
 
     # -- calls --------------------------------------------------------------------------------
@@ -287,6 +287,9 @@ class ScopeCalls(ScopeMethods):
                 # what it makes names that file's lines and nodes
                 passed = [*args, *(v for _, v in keywords)]
                 return returned if returned is not None and _one_of(returned, passed) else UNKNOWN
+        on_self = self._self_call(node, args, keywords)
+        if on_self is not None and on_self[0]:
+            return on_self[1]  # `self.state_function(x)`: one of the bound methods it holds
         target = self._same_file_callee(func, recv)
         if target is not None:
             on_object = recv is not None and recv.kind is Kind.OBJECT
