@@ -94,6 +94,10 @@ class FileFlow(FlowSeeds):
         self._scopes[key] = found
         return found
 
+    def fresh_scope(self, node: AnyFunction, seeds: Env) -> ScopeFlow:
+        """`node` analysed from `seeds` (not cached: a question about those seeds)."""
+        return ScopeFlow(self, node, seeds=seeds)
+
     MAX_CALL_DEPTH = 2  # calls followed with their arguments, one inside another
     CALL_BUDGET = 200  # such analyses per file: a huge file stays fast
 

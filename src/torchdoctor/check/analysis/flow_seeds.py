@@ -39,6 +39,9 @@ class FlowSeeds(FileIndex):
     def buffers(self, cls: ast.ClassDef) -> frozenset[str]:
         raise NotImplementedError  # FileFlow.buffers
 
+    def fresh_scope(self, node: AnyFunction, seeds: Env) -> ScopeFlow:
+        raise NotImplementedError  # FileFlow.fresh_scope
+
     def _seeds(
         self,
         func: ScopeNode,
@@ -208,9 +211,9 @@ class FlowSeeds(FileIndex):
         if "lambda" in text or text.count("def ") > 1:
             return False  # a nested function may assign it: not run here
         me = params[0].arg
-        seeds = self._seeds(method, 1, callers=False)
+        seeds = self._seeds(method, 1, callers=False, call_sites=False)
         seeds[f"{me}.{attr}"] = value
-        left = ScopeFlow(self, method, seeds=seeds).exit_env.get(f"{me}.{attr}")
+        left = self.fresh_scope(method, seeds).exit_env.get(f"{me}.{attr}")
         return left is not None and on_cpu(left)
 
     def self_attrs_assigned(self, func: AnyFunction) -> frozenset[str]:
