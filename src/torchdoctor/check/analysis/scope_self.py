@@ -25,6 +25,7 @@ from torchdoctor.check.analysis.values import (
     CallFacts,
     Env,
     Mismatch,
+    Place,
     Value,
     join,
 )
@@ -39,34 +40,39 @@ class ScopeSelf(ScopeMethods):
         """(whether `self.x` is an alias of bound methods, the join of what the methods
         return), after recording the meetings and writes; None: not followed."""
         func = node.func
-        env, cls = self.env, self.cls
-        if (
-            env is None
-            or cls is None
-            or not self.self_name
-            or not isinstance(func, ast.Attribute)
-            or not isinstance(func.value, ast.Name)
-            or func.value.id != self.self_name
-        ):
+        if func.__class__ is not ast.Attribute:
             return None
+        assert isinstance(func, ast.Attribute)
+        me = self.self_name
+        if not me or func.value.__class__ is not ast.Name or func.value.id != me:  # type: ignore[attr-defined]
+            return None
+        env, cls = self.env, self.cls
+        if env is None or cls is None:
+            return None
+        prefix = me + "."
+        cpu = [
+            k[len(prefix) :]
+            for k, v in env.items()
+            if v.place is Place.CPU
+            and k.startswith(prefix)
+            and "." not in k[len(prefix) :]
+            and on_cpu(v)
+        ]
+        if not cpu:
+            return None  # the common case: nothing on `self` to carry
         direct = self.ff.methods(cls).get(func.attr)
         if direct is not None:
             targets: tuple[AnyFunction, ...] = (direct,)
+            # only where the callee (or a method it runs) reads such an attribute
+            reached = self.ff.reached_methods(cls, direct)
+            cpu = [a for a in cpu if any(f".{a}" in self.ff.text(m) for m in reached)]
         elif f".{func.attr} = " in self.ff.text(cls):
             targets = self.ff.method_aliases(cls).get(func.attr, ())
         else:
             return None
-        if not targets or any(isinstance(a, ast.Starred) for a in node.args):
+        if not cpu or not targets or any(isinstance(a, ast.Starred) for a in node.args):
             return None
-        prefix = self.self_name + "."
         carried = {k[len(prefix) :]: v for k, v in env.items() if k.startswith(prefix)}
-        cpu = [a for a, v in carried.items() if "." not in a and on_cpu(v)]
-        if direct is not None:
-            # only where the callee (or a method it runs) reads such an attribute
-            reached = [m for t in targets for m in self.ff.reached_methods(cls, t)]
-            cpu = [a for a in cpu if any(f".{a}" in self.ff.text(m) for m in reached)]
-        if not cpu:
-            return None
         all_facts: list[tuple[AnyFunction, CallFacts]] = []
         for target in targets:
             facts = self._facts_with_self(target, args, keywords, node, carried)
