@@ -469,7 +469,7 @@ def _per_rank(args: list[ast.expr]) -> bool:
     return any(
         "rank" in (node.id if isinstance(node, ast.Name) else node.attr).lower()
         for arg in args
-        for node in ast.walk(arg)
+        for node in walk(arg)
         if isinstance(node, ast.Name | ast.Attribute)
     )
 
