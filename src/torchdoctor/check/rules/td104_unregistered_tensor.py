@@ -21,8 +21,10 @@ class UnregisteredTensor(Rule):
     made there (a factory, `torch.tensor([...])`, arithmetic on those) and is
     neither an `nn.Parameter` nor registered with `register_buffer`, and that one
     of the module's methods (usually `forward`) combines with its inputs,
-    parameters or submodules. A tensor moved where it is used
-    (`self.mask.to(x.device)`) is not reported.
+    parameters, buffers or submodules. A tensor moved where it is used
+    (`self.mask.to(x.device)`) is not reported. A state that other methods reset
+    where it is (`self.mem = torch.zeros_like(self.mem)`) counts too: the first
+    call of `forward` still finds the CPU tensor `__init__` made.
 
     ## Why is this bad?
     `model.to(device)`, `.cuda()` and `.half()` move and convert parameters and
