@@ -19,6 +19,7 @@ from torchdoctor.check.analysis.values import (
     Place,
     Value,
     informative,
+    join,
     proven_module,
 )
 
@@ -290,6 +291,9 @@ class ScopeCalls(ScopeSelf):
         on_self = self._self_call(node, args, keywords)
         if on_self is not None and on_self[0]:
             return on_self[1]  # `self.state_function(x)`: one of the bound methods it holds
+        aliased = self._aliased_methods(func) if on_self is None else ()
+        if aliased:
+            return self._follow_each(node, aliased, args, keywords, recv)
         target = self._same_file_callee(func, recv)
         if target is not None:
             on_object = recv is not None and recv.kind is Kind.OBJECT
@@ -352,6 +356,47 @@ class ScopeCalls(ScopeSelf):
             # `self.device` inside the method is `agent.device` here
             return _renamed(facts.returned, me.arg, self._text(node.func.value))
         return facts.returned
+
+    def _aliased_methods(self, func: ast.expr) -> tuple[AnyFunction, ...]:
+        """The bound methods `self.x` may hold, for a call `self.x(...)` (else ())."""
+        cls = self.cls
+        if (
+            cls is None
+            or not isinstance(func, ast.Attribute)
+            or not isinstance(func.value, ast.Name)
+            or func.value.id != self.self_name
+            or not self.self_name
+            or f".{func.attr} = " not in self.ff.text(cls)
+            or func.attr in self.ff.methods(cls)
+        ):
+            return ()
+        return self.ff.method_aliases(cls).get(func.attr, ())
+
+    def _follow_each(
+        self,
+        node: ast.Call,
+        targets: tuple[AnyFunction, ...],
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+        recv: Value | None,
+    ) -> Value:
+        """A call of one of several methods: the join of what they return; a meeting
+        inside counts only where every one of them meets (keyed by the call and the
+        argument that meets)."""
+        recorded = self._mismatches  # updated in place: loop passes hold it
+        before = dict(recorded)
+        found: dict[tuple[int, int], Mismatch] | None = None
+        returned: Value | None = None
+        for target in targets:
+            recorded.clear()
+            recorded.update(before)
+            value = self._follow_call(node, target, args, keywords, recv) or UNKNOWN
+            returned = value if returned is None else join(returned, value)
+            new = {k: m for k, m in recorded.items() if k not in before}
+            found = new if found is None else {k: m for k, m in found.items() if k in new}
+        recorded.clear()
+        recorded.update({**before, **(found or {})})
+        return returned or UNKNOWN
 
     def _meetings_inside(
         self,
