@@ -4,6 +4,7 @@ calls it follows into other files."""
 from __future__ import annotations
 
 import ast
+import re
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.file_loops import project_file, sibling_file
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
     pass
 
 
+# `self.step = self._step_sub` (a comment may follow)
+_ALIAS_LINE = re.compile(r"\.(\w+)[ \t]*=[ \t]*[A-Za-z_]\w*\.\w+[ \t]*(?:#[^\n]*)?$", re.M)
+
+
 def file_flow(ctx: FileContext) -> FileFlow:
     """The FileFlow of `ctx`, shared by every rule checking that file."""
     return ctx.shared("flow", FileFlow)
@@ -54,6 +59,7 @@ class FileFlow(FlowSeeds):
         self._foreign_functions: dict[str, tuple[FileFlow, AnyFunction] | None] = {}
         self._buffers: dict[ast.ClassDef, frozenset[str]] = {}
         self._aliases: dict[ast.ClassDef, dict[str, tuple[AnyFunction, ...]]] = {}
+        self._alias_names: dict[ast.ClassDef, frozenset[str]] = {}
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
@@ -62,6 +68,7 @@ class FileFlow(FlowSeeds):
         self._foreign_functions.clear()
         self._buffers.clear()
         self._aliases.clear()
+        self._alias_names.clear()
         super().release()
 
     # -- scopes ------------------------------------------------------------------------
@@ -298,6 +305,14 @@ class FileFlow(FlowSeeds):
         found = self._aliases.get(cls)
         if found is None:
             found = self._aliases[cls] = method_aliases(cls, self.methods(cls))
+        return found
+
+    def alias_names(self, cls: ast.ClassDef) -> frozenset[str]:
+        """Attributes `x` of a line `obj.x = obj.y` in `cls`'s text (cached): the only
+        names `method_aliases` can give, found without walking the class."""
+        found = self._alias_names.get(cls)
+        if found is None:
+            found = self._alias_names[cls] = frozenset(_ALIAS_LINE.findall(self.text(cls)))
         return found
 
     def module_exit_env(self) -> Env:

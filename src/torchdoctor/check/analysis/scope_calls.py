@@ -360,15 +360,13 @@ class ScopeCalls(ScopeSelf):
     def _aliased_methods(self, func: ast.expr) -> tuple[AnyFunction, ...]:
         """The bound methods `self.x` may hold, for a call `self.x(...)` (else ())."""
         cls = self.cls
-        if (
-            cls is None
-            or not isinstance(func, ast.Attribute)
-            or not isinstance(func.value, ast.Name)
-            or func.value.id != self.self_name
-            or not self.self_name
-            or f".{func.attr} = " not in self.ff.text(cls)
-            or func.attr in self.ff.methods(cls)
-        ):
+        if cls is None or func.__class__ is not ast.Attribute:
+            return ()
+        assert isinstance(func, ast.Attribute)
+        value = func.value
+        if value.__class__ is not ast.Name or value.id != self.self_name:  # type: ignore[attr-defined]
+            return ()
+        if func.attr not in self.ff.alias_names(cls) or func.attr in self.ff.methods(cls):
             return ()
         return self.ff.method_aliases(cls).get(func.attr, ())
 

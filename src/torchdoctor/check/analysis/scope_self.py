@@ -66,7 +66,7 @@ class ScopeSelf(ScopeMethods):
             # only where the callee (or a method it runs) reads such an attribute
             reached = self.ff.reached_methods(cls, direct)
             cpu = [a for a in cpu if any(f".{a}" in self.ff.text(m) for m in reached)]
-        elif f".{func.attr} = " in self.ff.text(cls):
+        elif func.attr in self.ff.alias_names(cls):
             targets = self.ff.method_aliases(cls).get(func.attr, ())
         else:
             return None
