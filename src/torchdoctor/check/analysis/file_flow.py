@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     pass
 
 
-# `self.step = self._step_sub` (a comment may follow)
-_ALIAS_LINE = re.compile(r"\.(\w+)[ \t]*=[ \t]*[A-Za-z_]\w*\.\w+[ \t]*(?:#[^\n]*)?$", re.M)
+# `self.step = self._step_sub` (a comment may follow; any line end)
+_ALIAS_LINE = re.compile(r"\.(\w+)[ \t]*=[ \t]*[A-Za-z_]\w*\.\w+[ \t]*(?:#[^\r\n]*)?(?=[\r\n]|\Z)")
 
 
 def file_flow(ctx: FileContext) -> FileFlow:
