@@ -19,7 +19,6 @@ from torchdoctor.check.analysis.values import (
     Place,
     Value,
     informative,
-    join,
     proven_module,
 )
 
@@ -356,45 +355,6 @@ class ScopeCalls(ScopeSelf):
             # `self.device` inside the method is `agent.device` here
             return _renamed(facts.returned, me.arg, self._text(node.func.value))
         return facts.returned
-
-    def _aliased_methods(self, func: ast.expr) -> tuple[AnyFunction, ...]:
-        """The bound methods `self.x` may hold, for a call `self.x(...)` (else ())."""
-        cls = self.cls
-        if cls is None or func.__class__ is not ast.Attribute:
-            return ()
-        assert isinstance(func, ast.Attribute)
-        value = func.value
-        if value.__class__ is not ast.Name or value.id != self.self_name:  # type: ignore[attr-defined]
-            return ()
-        if func.attr not in self.ff.alias_names(cls) or func.attr in self.ff.methods(cls):
-            return ()
-        return self.ff.method_aliases(cls).get(func.attr, ())
-
-    def _follow_each(
-        self,
-        node: ast.Call,
-        targets: tuple[AnyFunction, ...],
-        args: list[Value],
-        keywords: list[tuple[str | None, Value]],
-        recv: Value | None,
-    ) -> Value:
-        """A call of one of several methods: the join of what they return; a meeting
-        inside counts only where every one of them meets (keyed by the call and the
-        argument that meets)."""
-        recorded = self._mismatches  # updated in place: loop passes hold it
-        before = dict(recorded)
-        found: dict[tuple[int, int], Mismatch] | None = None
-        returned: Value | None = None
-        for target in targets:
-            recorded.clear()
-            recorded.update(before)
-            value = self._follow_call(node, target, args, keywords, recv) or UNKNOWN
-            returned = value if returned is None else join(returned, value)
-            new = {k: m for k, m in recorded.items() if k not in before}
-            found = new if found is None else {k: m for k, m in found.items() if k in new}
-        recorded.clear()
-        recorded.update({**before, **(found or {})})
-        return returned or UNKNOWN
 
     def _meetings_inside(
         self,

@@ -8,13 +8,16 @@ that the callee reads, the call is followed with the caller's `self.*`
 (`FileFlow.call_facts(..., attributes)`): a meeting of that attribute inside is reported
 at the call (`Mismatch.attribute`), and what the callee leaves on `self` replaces what
 it may assign. `self.state_function(x)`, an attribute holding one of several bound
-methods (`object_state.method_aliases`), runs each of them: its result is their join,
-and a meeting counts only when every one of them meets.
+methods (`object_state.method_aliases`), runs each of them (with the caller's `self`
+where it carries such a tensor, else like any followed call): its result is their
+join, a meeting counts only when every one of them meets, and what they may assign on
+`self` is forgotten where their writes are not followed.
 """
 
 from __future__ import annotations
 
 import ast
+from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.default_path import on_cpu
 from torchdoctor.check.analysis.scope_methods import ScopeMethods
@@ -29,6 +32,9 @@ from torchdoctor.check.analysis.values import (
     Value,
     join,
 )
+
+if TYPE_CHECKING:
+    from torchdoctor.check.analysis.interfaces import FileFacts
 
 
 class ScopeSelf(ScopeMethods):
@@ -85,6 +91,71 @@ class ScopeSelf(ScopeMethods):
         for _, facts in all_facts[1:]:
             returned = join(returned, facts.returned)
         return direct is None, returned
+
+    def _aliased_methods(self, func: ast.expr) -> tuple[AnyFunction, ...]:
+        """The bound methods `self.x` may hold, for a call `self.x(...)` (else ())."""
+        cls = self.cls
+        if cls is None or func.__class__ is not ast.Attribute:
+            return ()
+        assert isinstance(func, ast.Attribute)
+        value = func.value
+        if value.__class__ is not ast.Name or value.id != self.self_name:  # type: ignore[attr-defined]
+            return ()
+        if func.attr not in self.ff.alias_names(cls) or func.attr in self.ff.methods(cls):
+            return ()
+        return self.ff.method_aliases(cls).get(func.attr, ())
+
+    def _follow_each(
+        self,
+        node: ast.Call,
+        targets: tuple[AnyFunction, ...],
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+        recv: Value | None,
+    ) -> Value:
+        """A call of one of several methods: the join of what they return; a meeting
+        inside counts only where every one of them meets (keyed by the call and the
+        argument that meets)."""
+        recorded = self._mismatches  # updated in place: loop passes hold it
+        before = dict(recorded)
+        found: dict[tuple[int, int], Mismatch] | None = None
+        returned: Value | None = None
+        for target in targets:
+            recorded.clear()
+            recorded.update(before)
+            value = self._follow_call(node, target, args, keywords, recv) or UNKNOWN
+            returned = value if returned is None else join(returned, value)
+            new = {k: m for k, m in recorded.items() if k not in before}
+            found = new if found is None else {k: m for k, m in found.items() if k in new}
+        recorded.clear()
+        recorded.update({**before, **(found or {})})
+        env, cls = self.env, self.cls
+        if env is not None and cls is not None:
+            # what they may assign on `self` is no longer what this scope knew
+            assigned: set[str] = set()
+            for target in targets:
+                for reached in self.ff.reached_methods(cls, target):
+                    assigned |= self.ff.self_attrs_assigned(reached)
+            prefix = self.self_name + "."
+            for key in [k for k in env if k.startswith(prefix)]:
+                attr = key[len(prefix) :].split(".", 1)[0]
+                if attr in assigned or "*" in assigned:
+                    self._touch(key)
+                    del env[key]
+        return returned or UNKNOWN
+
+    def _follow_call(
+        self,
+        node: ast.Call,
+        target: AnyFunction,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+        recv: Value | None = None,
+        *,
+        on_object: bool = False,
+        owner: FileFacts | None = None,
+    ) -> Value | None:
+        raise NotImplementedError  # ScopeCalls._follow_call
 
     def _facts_with_self(
         self,
