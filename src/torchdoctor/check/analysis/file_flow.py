@@ -6,9 +6,10 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.file_loops import project_file, sibling_file
+from torchdoctor.check.analysis.file_loops import project_file, sibling_path
 from torchdoctor.check.analysis.flow_seeds import FlowSeeds
 from torchdoctor.check.analysis.interfaces import ForeignMethod
+from torchdoctor.check.analysis.made_results import MAKERS, made_here, makes
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
     _is_static,
@@ -50,13 +51,15 @@ class FileFlow(FlowSeeds):
         self._call_facts: dict[object, CallFacts | None] = {}
         self._call_budget = self.CALL_BUDGET
         self._calls_in_progress: set[ast.AST] = set()
-        self._foreign_functions: dict[str, tuple[FileFlow, AnyFunction] | None] = {}
+        self._foreign_functions: dict[tuple[str, bool], tuple[FileFlow, AnyFunction] | None] = {}
+        self._made: dict[AnyFunction, Value] = {}
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
         self._scopes.clear()
         self._call_facts.clear()
         self._foreign_functions.clear()
+        self._made.clear()
         super().release()
 
     # -- scopes ------------------------------------------------------------------------
@@ -156,19 +159,24 @@ class FileFlow(FlowSeeds):
             return None
         return flow, method
 
-    def foreign_function(self, qual: str) -> ForeignMethod | None:
+    def foreign_function(self, qual: str, makers: bool = False) -> ForeignMethod | None:
         """The top-level function of another project file that the dotted name `qual`
         (a call's callee, imports resolved) means: `iterate_tqdm` after `from
         utils.print_utils import iterate_tqdm`, `utils.get_device` after `import utils`;
         a package `__init__` that re-exports it is followed once. With that file's
-        facts; None: not one (a library's function, a class, a name not found)."""
-        if qual in self._foreign_functions:
-            found = self._foreign_functions[qual]
+        facts; None: not one (a library's function, a class, a name not found).
+
+        `makers`: only a function whose text may make what `made_result` passes back
+        (judged on the file's text before it is parsed: a call that passes nothing
+        informative costs a text read at most)."""
+        key = (qual, makers)
+        if key in self._foreign_functions:
+            found = self._foreign_functions[key]
         else:
-            found = self._foreign_functions[qual] = self._find_function(qual)
+            found = self._foreign_functions[key] = self._find_function(qual, makers)
         return None if found is None else (_asked(found[0]), found[1])
 
-    def _find_function(self, qual: str) -> tuple[FileFlow, AnyFunction] | None:
+    def _find_function(self, qual: str, makers: bool) -> tuple[FileFlow, AnyFunction] | None:
         found: tuple[FileFlow, AnyFunction] | None = None
         ctx, target = self.ctx, qual
         for _ in range(2):  # the import, then one re-export in a package `__init__`
@@ -177,7 +185,10 @@ class FileFlow(FlowSeeds):
                 break  # `from . import f` (a package's own name), or a class
             if module.lstrip(".").rpartition(".")[2] not in _module_stems(ctx):
                 break  # no project file or package has that name: a library
-            other = sibling_file(ctx, module, by_tail=True)
+            path = sibling_path(ctx, module, by_tail=True)
+            if path is None or (makers and not makes(self.ctx.project.disk, path, last)):
+                break
+            other = project_file(ctx, path)
             if other is None:
                 break
             flow = file_flow(other.ctx)
@@ -189,6 +200,21 @@ class FileFlow(FlowSeeds):
             if reexport is None:
                 break
             target = reexport
+        return found
+
+    def made_result(self, func: AnyFunction) -> Value:
+        """What `func` makes and returns however it is called, for a caller in another
+        file (`made_results.made_here`): loaders it builds, a tensor or a module (or a
+        tuple, list or dict of modules) it puts on a device its parameters do not
+        choose (`return model.to(get_device())`); UNKNOWN otherwise."""
+        found = self._made.get(func)
+        if found is None:
+            found = self._made[func] = UNKNOWN  # a recursive function sees nothing
+            if self.mentions(func, *MAKERS) and self.mentions(func, "return"):
+                returned = ScopeFlow(self, func, seeds={}).returned
+                if returned is not None:
+                    found = made_here(returned, func)
+            self._made[func] = found
         return found
 
     def returned_tensor(self, func: AnyFunction) -> Value:

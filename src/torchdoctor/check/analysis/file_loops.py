@@ -356,6 +356,13 @@ def record_dependency(path: str) -> None:
 def sibling_file(ctx: FileContext, module: str, by_tail: bool = False) -> FileLoops | None:
     """The analysed file a dotted import names, looked up beside the checked file (and,
     `by_tail`, the one project file whose path ends like it)."""
+    path = sibling_path(ctx, module, by_tail)
+    return project_file(ctx, path) if path is not None else None
+
+
+def sibling_path(ctx: FileContext, module: str, by_tail: bool = False) -> str | None:
+    """The path of the file `sibling_file` would analyse (not read: a caller may judge
+    its text first); recorded as a dependency when looked for beside the checked file."""
     level = len(module) - len(module.lstrip("."))
     parts = [p for p in module.lstrip(".").split(".") if p]
     if not parts or ctx.path in ("", "<stdin>"):
@@ -377,11 +384,10 @@ def sibling_file(ctx: FileContext, module: str, by_tail: bool = False) -> FileLo
                 if os.path.abspath(candidate) == os.path.abspath(ctx.path):
                     return None
                 record_dependency(candidate)
-                return _load_sibling(candidate, ctx)
+                return candidate
     if level or not by_tail:
         return None
-    found = _by_tail(ctx, parts)
-    return project_file(ctx, found) if found is not None else None
+    return _by_tail(ctx, parts)
 
 
 def _by_tail(ctx: FileContext, parts: list[str]) -> str | None:
