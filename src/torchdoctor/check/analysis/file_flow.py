@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from torchdoctor.check.analysis.file_loops import project_file, sibling_path
 from torchdoctor.check.analysis.flow_seeds import FlowSeeds
 from torchdoctor.check.analysis.interfaces import ForeignMethod
-from torchdoctor.check.analysis.made_results import MAKERS, made_here, makes
+from torchdoctor.check.analysis.made_results import MAKERS, made_here, makes, making_functions
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
     _is_static,
@@ -210,12 +210,21 @@ class FileFlow(FlowSeeds):
         found = self._made.get(func)
         if found is None:
             found = self._made[func] = UNKNOWN  # a recursive function sees nothing
-            if self.mentions(func, *MAKERS) and self.mentions(func, "return"):
+            if self._may_make(func):
                 returned = ScopeFlow(self, func, seeds={}).returned
                 if returned is not None:
                     found = made_here(returned, func)
             self._made[func] = found
         return found
+
+    def _may_make(self, func: AnyFunction) -> bool:
+        """The text gate of `made_result`: a top-level function that makes one or returns
+        what such a function of the file makes (`return create_model(cfg)`); a method
+        whose text holds a maker."""
+        if self.toplevel_functions.get(func.name) is func:
+            making = self.ctx.shared("making", lambda ctx: making_functions(ctx.source))
+            return func.name in making
+        return self.mentions(func, *MAKERS) and self.mentions(func, "return")
 
     def returned_tensor(self, func: AnyFunction) -> Value:
         """What `func` returns, when that is a tensor it made on the CPU, a tensor it puts

@@ -30,6 +30,7 @@ from torchdoctor.check.analysis.values import (
     moved_whatever_given,
     proven_module,
 )
+from torchdoctor.check.lines import as_lf
 from torchdoctor.check.source_text import decode_source
 
 # What a function's text must hold to make such a value: a move, or a loader.
@@ -103,22 +104,40 @@ def makes(disk: dict[str, object], path: str, name: str) -> bool:
     return name in making if name in defined else name in text
 
 
+def making_functions(source: str) -> frozenset[str]:
+    """The top-level functions of a file's text that may make such a value."""
+    return _scan(source)[1]
+
+
 def _makers_of(path: str) -> tuple[frozenset[str], frozenset[str], str]:
-    """(top-level function names, those whose text holds a maker and a return, the
-    text itself when it is short, for names it may re-export)."""
     try:
         with open(path, "rb") as handle:
             text = decode_source(handle.read())
     except (OSError, UnicodeDecodeError, LookupError, ValueError):
         return frozenset(), frozenset(), ""
-    defined: set[str] = set()
-    making: set[str] = set()
+    return _scan(text)
+
+
+def _scan(text: str) -> tuple[frozenset[str], frozenset[str], str]:
+    """(top-level function names, those whose text holds a maker, or a call of one of
+    the file's such functions, and a return; the text itself when it is short, for
+    names it may re-export)."""
+    text = as_lf(text)  # `^` matches after `\n` only
+    bodies: dict[str, str] = {}
     for match in _DEF.finditer(text):
-        name = match.group(1)
-        defined.add(name)
         end = _TOPLEVEL.search(text, match.end())
         body = text[match.end() : end.start() if end is not None else len(text)]
-        if "return" in body and any(m in body for m in MAKERS):
-            making.add(name)
+        if "return" in body:
+            bodies[match.group(1)] = body
+        else:
+            bodies.setdefault(match.group(1), "")
+    defined = frozenset(bodies)
+    making = {name for name, body in bodies.items() if any(m in body for m in MAKERS)}
+    # `return create_model(...)` of a function of the file that makes one
+    fresh = set(making)
+    while fresh:  # one regex pass over the bodies per round, whatever the file's size
+        called = re.compile(r"\b(?:" + "|".join(sorted(fresh)) + r")\s*\(")
+        fresh = {n for n, body in bodies.items() if n not in making and called.search(body)}
+        making |= fresh
     # a long module is no re-exporting `__init__`: its text is not kept
-    return frozenset(defined), frozenset(making), text if len(text) < 20_000 else ""
+    return defined, frozenset(making), text if len(text) < 20_000 else ""

@@ -287,6 +287,8 @@ class ScopeCalls(ScopeMethods):
             returned = self._follow_call(node, target, args, keywords, recv, on_object=on_object)
             if returned is None or returned is UNKNOWN:
                 returned = self.ff.returned_tensor(target)
+            if returned is UNKNOWN:
+                returned = self.ff.made_result(target)  # `return net.to(DEVICE)`
             if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
                 # the callee computes under the caller's no_grad: nothing it makes needs grad
                 returned = dataclasses.replace(returned, grad=False)
