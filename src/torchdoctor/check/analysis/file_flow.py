@@ -53,6 +53,7 @@ class FileFlow(FlowSeeds):
         self._calls_in_progress: set[ast.AST] = set()
         self._foreign_functions: dict[tuple[str, bool], tuple[FileFlow, AnyFunction] | None] = {}
         self._made: dict[AnyFunction, Value] = {}
+        self._unseeded: dict[AnyFunction, Value | None] = {}
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
@@ -60,6 +61,7 @@ class FileFlow(FlowSeeds):
         self._call_facts.clear()
         self._foreign_functions.clear()
         self._made.clear()
+        self._unseeded.clear()
         super().release()
 
     # -- scopes ------------------------------------------------------------------------
@@ -211,10 +213,19 @@ class FileFlow(FlowSeeds):
         if found is None:
             found = self._made[func] = UNKNOWN  # a recursive function sees nothing
             if self._may_make(func):
-                returned = ScopeFlow(self, func, seeds={}).returned
+                returned = self._unseeded_return(func)
                 if returned is not None:
                     found = made_here(returned, func)
             self._made[func] = found
+        return found
+
+    def _unseeded_return(self, func: AnyFunction) -> Value | None:
+        """What `func` returns analysed with its parameters unknown (once: both
+        `returned_tensor` and `made_result` read it)."""
+        if func in self._unseeded:
+            return self._unseeded[func]
+        found = self._unseeded[func] = None  # a recursive call sees nothing
+        found = self._unseeded[func] = ScopeFlow(self, func, seeds={}).returned
         return found
 
     def _may_make(self, func: AnyFunction) -> bool:
@@ -242,14 +253,14 @@ class FileFlow(FlowSeeds):
             if self.mentions(func, "DataLoader(") and self.mentions(func, "return"):
                 # `train_loader, test_loader = load_data()`: loaders it builds
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
-                returned = ScopeFlow(self, func, seeds={}).returned
+                returned = self._unseeded_return(func)
                 if returned is not None and built_loaders(returned):
                     found = returned
             elif self.may_return_factory(func):
                 # no seeds: a factory's result does not depend on them, and seeding
                 # would analyse the callers, which are asking for this very summary
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
-                returned = ScopeFlow(self, func, seeds={}).returned
+                returned = self._unseeded_return(func)
                 if (
                     returned is not None
                     and returned.kind is Kind.TENSOR
@@ -261,7 +272,7 @@ class FileFlow(FlowSeeds):
                     found = returned
             elif self.mentions(func, ".to(", ".cuda(") and self.mentions(func, "return"):
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
-                returned = ScopeFlow(self, func, seeds={}).returned
+                returned = self._unseeded_return(func)
                 if returned is not None and moved_whatever_given(returned, func):
                     found = returned
             self._returns[func] = found
