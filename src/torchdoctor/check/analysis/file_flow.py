@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from torchdoctor.check.analysis.file_loops import project_file, sibling_path
 from torchdoctor.check.analysis.flow_seeds import FlowSeeds
 from torchdoctor.check.analysis.interfaces import ForeignMethod
-from torchdoctor.check.analysis.made_results import MAKERS, made_here, makes, making_functions
+from torchdoctor.check.analysis.made_results import MAKERS, TextDefs, made_here, makes
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
     _is_static,
@@ -233,8 +233,7 @@ class FileFlow(FlowSeeds):
         what such a function of the file makes (`return create_model(cfg)`); a method
         whose text holds a maker."""
         if self.toplevel_functions.get(func.name) is func:
-            making = self.ctx.shared("making", lambda ctx: making_functions(ctx.source))
-            return func.name in making
+            return self.ctx.shared("making", lambda ctx: TextDefs(ctx.source)).makes(func.name)
         return self.mentions(func, *MAKERS) and self.mentions(func, "return")
 
     def returned_tensor(self, func: AnyFunction) -> Value:

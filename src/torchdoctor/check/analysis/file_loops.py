@@ -392,10 +392,20 @@ def sibling_path(ctx: FileContext, module: str, by_tail: bool = False) -> str | 
 
 def _by_tail(ctx: FileContext, parts: list[str]) -> str | None:
     """The one project file whose path ends with the longest tail of `parts` (two parts
-    at least: `utils/metrics.py` for `pkg.utils.metrics`); None where two files match."""
+    at least: `utils/metrics.py` for `pkg.utils.metrics`); None where two files match.
+    Once per run and module: every file importing it asks the same."""
+    disk = ctx.project.disk
+    key = "by_tail:" + ".".join(parts)
+    if key not in disk:
+        disk[key] = _find_by_tail(ctx.project.paths, parts)
+    found = disk[key]
+    return found if isinstance(found, str) else None
+
+
+def _find_by_tail(paths: frozenset[str], parts: list[str]) -> str | None:
     modules = {
         path: "/" + path.rsplit(".", 1)[0].removesuffix("/__init__")
-        for path in ctx.project.paths
+        for path in paths
         if f"/{path}".endswith((f"/{parts[-1]}.py", f"/{parts[-1]}/__init__.py"))
     }
     for start in range(len(parts) - 1):

@@ -94,50 +94,67 @@ def carried(value: Value, where: str, call: ast.AST) -> Value:
 
 def makes(disk: dict[str, object], path: str, name: str) -> bool:
     """Whether the file at `path` may give `made_here` a value for `name`: its top-level
-    `def name(` holds a maker and a `return`, or the file names it without defining it
-    (a package `__init__` re-exporting it). The file's text is read once per run."""
+    `def name(` holds a maker and a `return` (or returns what such a function of the
+    file makes), or the file names it without defining it (a package `__init__`
+    re-exporting it). The file's text is read once per run."""
     key = f"makers:{path}"
     found = disk.get(key)
-    if not isinstance(found, tuple):
-        found = disk[key] = _makers_of(path)
-    defined, making, text = found
-    return name in making if name in defined else name in text
+    if not isinstance(found, TextDefs):
+        found = disk[key] = TextDefs(_read(path))
+    return found.makes(name) if found.defines(name) else found.names(name)
 
 
-def making_functions(source: str) -> frozenset[str]:
-    """The top-level functions of a file's text that may make such a value."""
-    return _scan(source)[1]
-
-
-def _makers_of(path: str) -> tuple[frozenset[str], frozenset[str], str]:
+def _read(path: str) -> str:
     try:
         with open(path, "rb") as handle:
-            text = decode_source(handle.read())
+            return decode_source(handle.read())
     except (OSError, UnicodeDecodeError, LookupError, ValueError):
-        return frozenset(), frozenset(), ""
-    return _scan(text)
+        return ""
 
 
-def _scan(text: str) -> tuple[frozenset[str], frozenset[str], str]:
-    """(top-level function names, those whose text holds a maker, or a call of one of
-    the file's such functions, and a return; the text itself when it is short, for
-    names it may re-export)."""
-    text = as_lf(text)  # `^` matches after `\n` only
-    bodies: dict[str, str] = {}
-    for match in _DEF.finditer(text):
-        end = _TOPLEVEL.search(text, match.end())
-        body = text[match.end() : end.start() if end is not None else len(text)]
-        if "return" in body:
-            bodies[match.group(1)] = body
-        else:
-            bodies.setdefault(match.group(1), "")
-    defined = frozenset(bodies)
-    making = {name for name, body in bodies.items() if any(m in body for m in MAKERS)}
-    # `return create_model(...)` of a function of the file that makes one
-    fresh = set(making)
-    while fresh:  # one regex pass over the bodies per round, whatever the file's size
-        called = re.compile(r"\b(?:" + "|".join(sorted(fresh)) + r")\s*\(")
-        fresh = {n for n, body in bodies.items() if n not in making and called.search(body)}
-        making |= fresh
-    # a long module is no re-exporting `__init__`: its text is not kept
-    return defined, frozenset(making), text if len(text) < 20_000 else ""
+_CALLED = re.compile(r"\b(\w+)\s*\(")
+
+
+class TextDefs:
+    """The top-level functions of a file's text, judged by their text alone, on request:
+    only the ones a caller asks about (and those they call) are looked at."""
+
+    def __init__(self, text: str) -> None:
+        self.text = as_lf(text)  # `^` matches after `\n` only
+        self._bodies: dict[str, str] | None = None
+        self._makes: dict[str, bool] = {}
+
+    def defines(self, name: str) -> bool:
+        return name in self._defs()
+
+    def names(self, name: str) -> bool:
+        """Whether the text names `name` at all (an import re-exporting it)."""
+        self._defs()
+        return name in self.text
+
+    def makes(self, name: str) -> bool:
+        found = self._makes.get(name)
+        if found is None:
+            self._makes[name] = False  # a recursive function makes nothing more
+            body = self._defs().get(name, "")
+            found = "return" in body and (
+                any(m in body for m in MAKERS)
+                or any(
+                    called != name and self.defines(called) and self.makes(called)
+                    for called in set(_CALLED.findall(body))
+                )
+            )
+            self._makes[name] = found
+        return found
+
+    def _defs(self) -> dict[str, str]:
+        if self._bodies is None:
+            self._bodies = {}
+            text = self.text
+            for match in _DEF.finditer(text):
+                end = _TOPLEVEL.search(text, match.end())
+                body = text[match.end() : end.start() if end is not None else len(text)]
+                self._bodies.setdefault(match.group(1), body)
+            if len(text) > 20_000:
+                self.text = ""  # a long module is no re-exporting `__init__`: not kept
+        return self._bodies

@@ -278,7 +278,7 @@ class ScopeCalls(ScopeMethods):
             and (self.env is None or base not in self.env)
             and base not in self.ff.toplevel_functions
         ):
-            found = self._foreign_call(node, qual, args, keywords)
+            found = self._foreign_call(node, qual, args, keywords, statement)
             if found is not None:
                 return found
         target = self._same_file_callee(func, recv)
@@ -301,6 +301,7 @@ class ScopeCalls(ScopeMethods):
         qual: str,
         args: list[Value],
         keywords: list[tuple[str | None, Value]],
+        statement: bool,
     ) -> Value | None:
         """A call of another project file's function: followed there with what this
         passes; it hands back one of those values (`tqdm(it)` or `it`), or what it makes
@@ -308,6 +309,8 @@ class ScopeCalls(ScopeMethods):
         None: no such function."""
         passed = [*args, *(v for _, v in keywords)]
         informed = any(informative(v) for v in passed)
+        if not informed and statement:
+            return None  # what it makes is dropped here: nothing to look up
         foreign_fn = self.ff.foreign_function(qual, makers=not informed)
         if foreign_fn is None:
             return None
