@@ -13,7 +13,7 @@ from typing import TypeVar
 from torchdoctor.check.findings import Edit, Finding, Fix, FixAvailability
 from torchdoctor.check.lines import line_starts, split_lines
 from torchdoctor.check.project import ProjectIndex
-from torchdoctor.check.tree_walk import child_statements, spans_a_line
+from torchdoctor.check.tree_walk import child_statements, forget_walks, spans_a_line, walk
 
 _T = TypeVar("_T")
 
@@ -67,7 +67,7 @@ def _star_conventions(tree: ast.Module, aliases: dict[str, str]) -> dict[str, st
     if not wanted:
         return {}
     used: set[str] = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Name) and node.id in wanted:
             if not isinstance(node.ctx, ast.Load):
                 wanted.discard(node.id)  # bound here: whatever it is, it is not the convention
@@ -318,6 +318,7 @@ class FileContext:
                 release()
         self._shared.clear()
         self.stack.clear()
+        forget_walks()
 
     def targets_torch_at_least(self, major: int, minor: int) -> bool:
         """Whether the configured target torch version is known to be >= major.minor.

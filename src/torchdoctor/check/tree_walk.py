@@ -88,8 +88,28 @@ def iter_children(node: ast.AST, *, operators: bool = True) -> list[ast.AST]:
     return children
 
 
+# Walks of whole statements (a function, a class, the module), which several rules and
+# analyses ask for again and again: kept until the file's context closes (`forget_walks`).
+_WALKS: dict[ast.AST, list[ast.AST]] = {}
+
+
 def walk(node: ast.AST) -> Iterator[ast.AST]:
-    """`ast.walk(node)`: the same nodes in the same (breadth-first) order, faster."""
+    """`ast.walk(node)`: the same nodes in the same (breadth-first) order, faster; a
+    statement's or module's walk is made once per file."""
+    if not isinstance(node, ast.stmt | ast.Module):
+        return _walk(node)
+    found = _WALKS.get(node)
+    if found is None:
+        found = _WALKS[node] = list(_walk(node))
+    return iter(found)
+
+
+def forget_walks() -> None:
+    """Drop the kept walks (FileContext.close: they hold the file's syntax tree)."""
+    _WALKS.clear()
+
+
+def _walk(node: ast.AST) -> Iterator[ast.AST]:
     table = child_fields(want_operators=True)
     todo = [node]
     for current in todo:  # the list grows while it is read: breadth first

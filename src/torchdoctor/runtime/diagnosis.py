@@ -40,7 +40,8 @@ from torchdoctor.runtime.naming import (
 )
 from torchdoctor.runtime.sim.devices import WILD, describe
 from torchdoctor.runtime.sim.frames import is_user_file
-from torchdoctor.runtime.sim.rules import Operand, Violation
+from torchdoctor.runtime.sim.operands import Operand
+from torchdoctor.runtime.sim.rules import Violation
 
 __all__ = ["Culprit", "Diagnosis", "diagnose_exception", "diagnose_violation"]
 

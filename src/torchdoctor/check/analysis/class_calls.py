@@ -19,6 +19,7 @@ from torchdoctor.check.analysis.file_loops import FileLoops, sibling_file
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.loop_index import LoopIndex
 from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.tree_walk import walk
 
 
 def class_mro(fl: LoopIndex, cls: str) -> list[str]:
@@ -72,7 +73,7 @@ def self_call_sites(
                     continue
                 if method_of(fl, cls, caller.name) is not caller:
                     continue  # overridden in `cls`: this one does not run for it
-                for node in ast.walk(caller.node):
+                for node in walk(caller.node):
                     if (
                         isinstance(node, ast.Call)
                         and isinstance(node.func, ast.Attribute)
@@ -194,7 +195,7 @@ def parameter_attributes(fl: FileLoops, cls: ast.ClassDef) -> dict[str, tuple[st
     other: set[str] = set()
     for owner, node in project_mro(fl, cls):
         text = owner.ctx.segment(node)
-        for stmt in ast.walk(node):
+        for stmt in walk(node):
             if not isinstance(stmt, ast.Assign | ast.AnnAssign):
                 continue
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]

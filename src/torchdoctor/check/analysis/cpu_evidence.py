@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.torch_api import _TENSOR_ATTRS_SAME, PRESERVING_METHODS, REDUCTIONS
 from torchdoctor.check.context import IDENTIFIER, FileContext
+from torchdoctor.check.tree_walk import walk
 
 # steps that keep a tensor where it is
 _KEEP_METHODS = (
@@ -197,7 +198,7 @@ def _collect(scope: ast.AST) -> _ScopeFacts:
             local = dict(local)
             for g in node.generators:
                 text = ast.unparse(g.iter) if isinstance(g.target, ast.Name) else "?"
-                for n in ast.walk(g.target):
+                for n in walk(g.target):
                     if isinstance(n, ast.Name):
                         local[n.id] = text
         if isinstance(node, ast.If) and isinstance(
@@ -245,13 +246,13 @@ def _shape_names(scope: ast.AST) -> frozenset[str]:
     """Names every assignment in `scope` gives a shape (`size = w.size()`)."""
     shapes: set[str] = set()
     others: set[str] = set()
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Name):
                     (shapes if _is_shape(node.value, frozenset()) else others).add(target.id)
         elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr):
-            others |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            others |= {n.id for n in walk(node.target) if isinstance(n, ast.Name)}
     return frozenset(shapes - others)
 
 

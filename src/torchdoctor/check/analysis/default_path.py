@@ -20,6 +20,7 @@ import ast
 import dataclasses
 
 from torchdoctor.check.analysis.values import _TENSOR_KINDS, Env, Kind, Place, ScopeNode, Value
+from torchdoctor.check.tree_walk import walk
 
 
 def none_defaults(func: ScopeNode) -> frozenset[str]:
@@ -45,7 +46,7 @@ def first_bindings(func: ScopeNode, names: frozenset[str]) -> dict[str, int]:
     global or nonlocal; `self.x` for an attribute); then it is no longer the caller's
     (nor what `__init__` left) from that line on."""
     found: dict[str, int] = {}
-    for node in ast.walk(func):
+    for node in walk(func):
         if isinstance(node, ast.Name) and node.id in names and not isinstance(node.ctx, ast.Load):
             bound = [node.id]
         elif (

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.names import is_test_file
+from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -56,7 +57,7 @@ def _file_reason(ctx: FileContext) -> str | None:
     """The file asks whether CUDA is there (once per file, shared by TD101 and TD115)."""
     if "is_available" not in ctx.source and "is_cuda" not in ctx.source:
         return None
-    for sub in ast.walk(ctx.tree):
+    for sub in walk(ctx.tree):
         if (
             isinstance(sub, ast.Call)
             and isinstance(sub.func, ast.Attribute)
@@ -87,7 +88,7 @@ def _known_device(function: ast.FunctionDef | ast.AsyncFunctionDef) -> str | Non
     for name in _parameters(function):
         if name == "device" or name.endswith("_device"):
             return f"its parameter `{name}`"
-    for sub in ast.walk(function):
+    for sub in walk(function):
         if isinstance(sub, ast.Attribute) and sub.attr == "is_cuda":
             return "`.is_cuda`"
         if not isinstance(sub, ast.Call):
@@ -120,7 +121,7 @@ def _meets_input(
         made = {t.id for t in statement.targets if isinstance(t, ast.Name)}
         uses = [
             sub
-            for sub in ast.walk(function)
+            for sub in walk(function)
             if isinstance(sub, ast.BinOp | ast.Compare | ast.Call) and made & _names(sub)
         ]
     else:
@@ -135,7 +136,7 @@ def _meets_input(
 def _reassigned(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     return {
         sub.id
-        for sub in ast.walk(function)
+        for sub in walk(function)
         if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)
     }
 
@@ -154,7 +155,7 @@ def _operands(use: ast.AST, made: set[str]) -> set[str]:
 def _values(node: ast.AST) -> set[str]:
     """Names read as values: not a callee (`f(x)`) and not the owner of a plain
     attribute (`cfg.lr`, `x.shape`), but the receiver of a method (`x.unsqueeze(1)`)."""
-    nodes = list(ast.walk(node))
+    nodes = list(walk(node))
     callees = {id(sub.func) for sub in nodes if isinstance(sub, ast.Call)}
     skip = callees | {
         id(sub.value) for sub in nodes if isinstance(sub, ast.Attribute) and id(sub) not in callees
@@ -179,4 +180,4 @@ def _moved_root(node: ast.AST) -> str | None:
 
 
 def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name)}

@@ -14,6 +14,8 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.tree_walk import walk
+
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
 
@@ -35,7 +37,7 @@ def cuda_default_classes(path: str, source: str) -> dict[str, CudaDefault]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return found
-    for cls in ast.walk(tree):
+    for cls in walk(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         init = next(
@@ -84,8 +86,7 @@ def _is_cuda(node: ast.expr) -> bool:
 
 def _uses(func: ast.AST, name: str) -> bool:
     return any(
-        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-        for n in ast.walk(func)
+        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in walk(func)
     )
 
 

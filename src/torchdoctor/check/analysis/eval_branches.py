@@ -19,6 +19,7 @@ import ast
 import os
 
 from torchdoctor.check.context import FileContext
+from torchdoctor.check.tree_walk import walk
 
 FuncDef = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -35,7 +36,7 @@ def eval_only_runs(
     seen: set[str] = set()
     for test, block in _eval_only_blocks(method.body):
         for stmt in block:
-            for node in ast.walk(stmt):
+            for node in walk(stmt):
                 if not isinstance(node, ast.Call):
                     continue
                 func = node.func
@@ -98,7 +99,7 @@ def _built_attributes(ctx: FileContext, cls: ast.ClassDef) -> frozenset[str]:
     methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     built: set[str] = set()
     other: set[str] = set()
-    for node in ast.walk(cls):
+    for node in walk(cls):
         if isinstance(node, ast.Assign):
             targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign) and node.value is not None:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import child_statements, iter_children
+from torchdoctor.check.tree_walk import child_statements, iter_children, walk
 
 # torch.cuda APIs that themselves fail without a GPU: code calling them is CUDA-only
 # by design, so a `.cuda()` next to them adds nothing. (Seeding, empty_cache and the
@@ -162,7 +162,7 @@ def _imports_cuda_only_package_lazily(tree: ast.Module) -> bool:
         if declared and any(
             isinstance(sub, ast.Import)
             and any(a.name.split(".", 1)[0] in declared for a in sub.names)
-            for sub in ast.walk(function)
+            for sub in walk(function)
         ):
             return True
     return False

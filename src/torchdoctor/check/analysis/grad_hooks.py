@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import re
 
+from torchdoctor.check.tree_walk import walk
+
 # Callees that bound a gradient's values: `grad.clamp(...)`, `torch.clamp`, `clip_grad_value_`,
 # a project helper named for it (`clamp_tensor`).
 _BOUNDS = re.compile(r"clamp|clip", re.IGNORECASE)
@@ -36,10 +38,10 @@ def clamping_hooks(path: str, source: str) -> dict[str, str]:
             continue
         local = {
             node.name: node
-            for node in ast.walk(func)
+            for node in walk(func)
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node is not func
         }
-        for call in ast.walk(func):
+        for call in walk(func):
             if not (
                 isinstance(call, ast.Call)
                 and isinstance(call.func, ast.Attribute)
@@ -58,7 +60,7 @@ def clamping_hooks(path: str, source: str) -> dict[str, str]:
 
 
 def _clamps(hook: ast.AST) -> bool:
-    for node in ast.walk(hook):
+    for node in walk(hook):
         if isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else ""
             name = name or (node.func.id if isinstance(node.func, ast.Name) else "")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 
 from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.tree_walk import walk
 
 FuncDef = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -32,7 +33,7 @@ def graph_passing_parameter(func: FuncDef) -> int | None:
     args = func.args
     params = [a.arg for a in (*args.posonlyargs, *args.args)]
     found: set[str] = set()
-    returns = [n for n in ast.walk(func) if isinstance(n, ast.Return)]
+    returns = [n for n in walk(func) if isinstance(n, ast.Return)]
     if not returns:
         return None
     for ret in returns:
@@ -71,7 +72,7 @@ def _transformed(node: ast.expr) -> str | None:
 
 def _rebound(func: FuncDef, name: str) -> bool:
     """`name` is assigned in `func` (it may no longer hold the parameter)."""
-    for node in ast.walk(func):
+    for node in walk(func):
         if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
             return True
     return False

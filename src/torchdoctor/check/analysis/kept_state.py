@@ -24,6 +24,7 @@ from torchdoctor.check.analysis.file_loops import project_file
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import FileContext
+from torchdoctor.check.tree_walk import walk
 
 FuncDef = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -54,14 +55,14 @@ def kept_parameters(method: FuncDef) -> frozenset[str]:
     if not params:
         return frozenset()
     origin = {p: p for p in params}  # loop variables over a parameter -> the parameter
-    for node in ast.walk(method):
+    for node in walk(method):
         if isinstance(node, ast.For):
             source = _iterated(node.iter)
             if source in params:
                 for target in _element_targets(node.target, node.iter):
                     origin.setdefault(target, source)
     kept: set[str] = set()
-    for node in ast.walk(method):
+    for node in walk(method):
         for value in _accumulated(node):
             kept |= {origin[n] for n in _arithmetic_names(value) if n in origin}
     return frozenset(kept)
@@ -174,10 +175,10 @@ def _binding_index(scope: ast.AST) -> dict[str, list[ast.expr]]:
 
     def unpacked(bound: ast.AST, value: ast.expr) -> None:
         # each name bound inside `bound` once (`a, (b, a) = ...` binds `a` once here)
-        for key in dict.fromkeys(dotted(t) for t in ast.walk(bound)):
+        for key in dict.fromkeys(dotted(t) for t in walk(bound)):
             bind(key, value)
 
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Tuple | ast.List):
@@ -190,7 +191,7 @@ def _binding_index(scope: ast.AST) -> dict[str, list[ast.expr]]:
             bound = [node.target] if hasattr(node, "target") else []
             bound += [i.optional_vars for i in getattr(node, "items", []) if i.optional_vars]
             if bound:
-                keys = dict.fromkeys(dotted(t) for b in bound for t in ast.walk(b))
+                keys = dict.fromkeys(dotted(t) for b in bound for t in walk(b))
                 for key in keys:
                     bind(key, bound[0])
     return index

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.mode_state import BUILT, Origin
 from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     from torchdoctor.check.analysis.functions import FunctionInfo
@@ -30,7 +31,7 @@ def init_helpers(methods: list[FunctionInfo]) -> frozenset[str]:
     if init is None:
         return frozenset()
     found = {"__init__"}
-    for node in ast.walk(init.node):
+    for node in walk(init.node):
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -58,11 +59,11 @@ def held_models(fl: LoopFacts, cls: ast.ClassDef) -> dict[str, Origin]:
     spoiled: set[str] = set()
     for m in methods:
         building = m.name in construction
-        for node in ast.walk(m.node):
+        for node in walk(m.node):
             if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in targets:
-                    for leaf in ast.walk(t):
+                    for leaf in walk(t):
                         key = dotted(leaf) if isinstance(leaf, ast.Attribute) else None
                         if key is None or not key.startswith("self."):
                             continue

@@ -39,6 +39,7 @@ from torchdoctor.check.analysis.mode_state import (
 )
 from torchdoctor.check.analysis.names import LoopNode, is_eval_iterable, is_eval_name
 from torchdoctor.check.analysis.syntax import bound_keys, dotted, last_part
+from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     pass
@@ -390,7 +391,7 @@ def _aliases(fi: FunctionInfo) -> dict[str, str]:
     if not candidates:
         return {}
     bound: dict[str, int] = {}
-    for node in ast.walk(fi.node):
+    for node in walk(fi.node):
         for key in bound_keys(node, comprehensions=True):
             bound[key] = bound.get(key, 0) + 1
     params = set(fi.params())

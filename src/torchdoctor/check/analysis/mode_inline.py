@@ -15,6 +15,7 @@ from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.mode_core import ModeCore
 from torchdoctor.check.analysis.mode_state import Origin, State, _Frame, _join
 from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.tree_walk import walk
 
 _MAX_STATEMENTS = 12
 
@@ -31,7 +32,7 @@ class HelperInliner(ModeCore):
         if ".train(" not in text and ".eval(" not in text:
             return None
         node = callee.node
-        statements = [n for n in ast.walk(node) if isinstance(n, ast.stmt)]
+        statements = [n for n in walk(node) if isinstance(n, ast.stmt)]
         if len(statements) > _MAX_STATEMENTS or any(
             isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Return)
             for n in statements[1:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 
 from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.tree_walk import walk
 
 _BRANCHES = (ast.If, ast.Match, ast.IfExp, ast.Try)
 _REPEATS = (
@@ -50,7 +51,7 @@ def train_on_purpose(
         and not node.args
         and dotted(node.func.value) == key
         and node.lineno < line
-        for node in ast.walk(function)
+        for node in walk(function)
     )
 
 
@@ -77,15 +78,15 @@ def flag_phases(
     parameters the function never rebinds (the same on every pass of any loop)."""
     params = {a.arg for a in (*function.args.posonlyargs, *function.args.args)}
     params |= {a.arg for a in function.args.kwonlyargs}
-    for node in ast.walk(function):
+    for node in walk(function):
         if not isinstance(node, ast.If):
             continue
         for side, other in (("body", "orelse"), ("orelse", "body")):
             if _holds(getattr(node, side), train) and _holds(getattr(node, other), evaluate):
-                names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+                names = {n.id for n in walk(node.test) if isinstance(n, ast.Name)}
                 if not names or not names <= params or _rebinds(function, names):
                     return None
-                if any(isinstance(n, ast.Call) for n in ast.walk(node.test)):
+                if any(isinstance(n, ast.Call) for n in walk(node.test)):
                     return None
                 return node, side
     return None
@@ -103,16 +104,16 @@ def same_side(branch_node: ast.AST, label: str, phases: tuple[ast.If, str]) -> b
 
 
 def _holds(block: list[ast.stmt], target: ast.AST) -> bool:
-    return any(node is target for stmt in block for node in ast.walk(stmt))
+    return any(node is target for stmt in block for node in walk(stmt))
 
 
 def _rebinds(function: ast.AST, names: set[str]) -> bool:
-    for node in ast.walk(function):
+    for node in walk(function):
         targets: list[ast.AST] = []
         if isinstance(node, ast.Assign):
             targets = list(node.targets)
         elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr):
             targets = [node.target]
-        if any(isinstance(n, ast.Name) and n.id in names for t in targets for n in ast.walk(t)):
+        if any(isinstance(n, ast.Name) and n.id in names for t in targets for n in walk(t)):
             return True
     return False

@@ -284,7 +284,7 @@ class SavedObjects:
         cls = enclosing_class(self.ctx.tree, scope)
         if cls is None or not any(
             isinstance(base, ast.Subscript)
-            and any(isinstance(n, ast.Name) and n.id == var for n in ast.walk(base.slice))
+            and any(isinstance(n, ast.Name) and n.id == var for n in walk(base.slice))
             for base in cls.bases
         ):
             return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 
 from torchdoctor.check.analysis.path_guards import TRUTHY, Cond, compatible, conds_of
+from torchdoctor.check.tree_walk import walk
 
 MODE = "self.training"
 
@@ -49,7 +50,7 @@ def _may_hold(cls: ast.ClassDef, cond: Cond) -> bool:
     the test (`self.sigmoid = False`)."""
     attr = cond.subject.removeprefix("self.")
     values: list[ast.expr] = []
-    for node in ast.walk(cls):
+    for node in walk(cls):
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Attribute) and target.attr == attr:
@@ -76,7 +77,7 @@ def _forbidden(cls: ast.ClassDef) -> list[list[Cond]]:
             continue
         stored: dict[str, str] = {}  # parameter -> the setting it is stored in
         raises: list[ast.If] = []
-        for node in ast.walk(func):
+        for node in walk(func):
             if (
                 isinstance(node, ast.Assign)
                 and len(node.targets) == 1

@@ -207,7 +207,7 @@ def bound_names(stmt: ast.stmt) -> list[str]:
     once per occurrence: assignment and loop targets, each `with` item's `as` name."""
     parts = stmt.items if isinstance(stmt, ast.With | ast.AsyncWith) else [stmt]
     targets = [t for part in parts for t in binding_targets(part)]
-    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return [n.id for t in targets for n in walk(t) if isinstance(n, ast.Name)]
 
 
 def loop_counter(loop: ast.AST) -> str | None:
@@ -231,7 +231,7 @@ def bound_keys(node: ast.AST, *, comprehensions: bool = False) -> list[str]:
     targets. Every name inside a target counts (`a, b.c = ...` binds `a`, `b.c`, `b`)."""
     keys = []
     for target in binding_targets(node, walrus=comprehensions, comprehensions=comprehensions):
-        for t in ast.walk(target):
+        for t in walk(target):
             key = dotted(t) if isinstance(t, ast.Name | ast.Attribute) else None
             if key is not None:
                 keys.append(key)

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable
 
 from torchdoctor.check.analysis.values import ScopeNode
+from torchdoctor.check.tree_walk import walk
 
 # the bases whose `__init__` sets no attribute the class's own code reads back
 _PLAIN_BASES = frozenset(
@@ -45,7 +46,7 @@ def unbindable(
             if "global" in source or "nonlocal" in source:
                 tops = node.body if isinstance(node, ast.Module) else [node]
                 for top in tops:
-                    for sub in ast.walk(top):
+                    for sub in walk(top):
                         if isinstance(sub, ast.Global | ast.Nonlocal):
                             declared.update(sub.names)
         return key in declared
@@ -91,7 +92,7 @@ def _init_attributes(
         if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign):
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             for target in targets:
-                for sub in ast.walk(target):
+                for sub in walk(target):
                     if isinstance(sub, ast.Name):
                         class_level.add(sub.id)
         elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef) and stmt is not func:
@@ -113,7 +114,7 @@ def _attrs_set(func: ast.FunctionDef | ast.AsyncFunctionDef, self_name: str | No
     params = [*func.args.posonlyargs, *func.args.args]
     me = self_name or (params[0].arg if params else "")
     found: set[str] = set()
-    for sub in ast.walk(func):
+    for sub in walk(func):
         if isinstance(sub, ast.Attribute) and not isinstance(sub.ctx, ast.Load):
             if isinstance(sub.value, ast.Name) and sub.value.id == me:
                 found.add(sub.attr)

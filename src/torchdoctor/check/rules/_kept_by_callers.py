@@ -17,6 +17,7 @@ from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.kept_state import receiver_class, stored_and_kept
 from torchdoctor.check.analysis.syntax import bound_names, dotted, encloses
 from torchdoctor.check.rule import Rule
+from torchdoctor.check.tree_walk import walk
 
 # `stats["loss"] = loss`: a plain name stored under a key of a plain name (any line end)
 _STORE = re.compile(
@@ -83,12 +84,12 @@ def _reset_each_pass(caller: FunctionInfo, call: ast.Call, held: str) -> bool:
     """The innermost loop around `call` also empties or rebinds `held` (`self.stats =
     Stats()`, `self.stats.clear()`): it keeps one step's values at most."""
     loop: ast.AST | None = None
-    for node in ast.walk(caller.node):  # outer loops first: the last one found is innermost
+    for node in walk(caller.node):  # outer loops first: the last one found is innermost
         if isinstance(node, ast.For | ast.AsyncFor | ast.While) and encloses(node, call):
             loop = node
     if loop is None:
         return False
-    for node in ast.walk(loop):
+    for node in walk(loop):
         if isinstance(node, ast.Assign) and any(dotted(t) == held for t in node.targets):
             return True
         if (

@@ -21,7 +21,7 @@ from torchdoctor.check.rules._activation_facts import (
     assigned_calls,
 )
 from torchdoctor.check.rules._activations import activation
-from torchdoctor.check.tree_walk import iter_children, spans_a_line
+from torchdoctor.check.tree_walk import iter_children, spans_a_line, walk
 
 __all__ = [
     "LOG_SOFTMAX",
@@ -214,7 +214,7 @@ def _class_kind(fl: FileLoops, name: str) -> str | None:
         ):
             return None
     kinds = set()
-    for node in ast.walk(forward.node):
+    for node in walk(forward.node):
         if not isinstance(node, ast.Call):
             continue
         kind = _TAKES_LOGITS.get(owner.ctx.qualname(node.func) or "")
@@ -235,7 +235,7 @@ def _class_kind(fl: FileLoops, name: str) -> str | None:
 
 
 def _names(target: ast.expr, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(target))
+    return any(isinstance(n, ast.Name) and n.id == name for n in walk(target))
 
 
 def _carried(ctx: FileContext, expr: ast.expr, name: str) -> bool:

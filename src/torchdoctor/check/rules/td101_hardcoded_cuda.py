@@ -6,12 +6,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from torchdoctor.check.analysis.device_choice import device_reason
 from torchdoctor.check.analysis.dropped_device import dropped_device
-from torchdoctor.check.analysis.gpu_gates import (
-    always_run_calls,
-    calls_cuda_only,
-    imports_cuda_only_package,
-)
+from torchdoctor.check.analysis.gpu_gates import imports_cuda_only_package
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.rules._cuda_choice import CUDA_NAME, CudaChoice
 from torchdoctor.check.rules._file_gate import skip_visits
 from torchdoctor.check.tree_walk import walk
 
@@ -20,49 +17,12 @@ if TYPE_CHECKING:
 
 # "cuda", "cuda:0": a device string naming a CUDA GPU
 _CUDA_LITERAL = re.compile(r"cuda(:\d+)?")
-# Words in a condition, decorator or name that show the author thought about the device.
-_DEVICE_WORDS = re.compile(
-    r"cuda|gpu|device|is_available|accelerat|nccl|cudnn|cpu|mps|xpu|hip|rocm|triton|nvidia",
-    re.IGNORECASE,
-)
-# A file, function or class whose name says it is about the GPU is CUDA-only on purpose.
-_CUDA_NAME = re.compile(r"cuda|gpu|cudnn|nccl|triton|nvfuser", re.IGNORECASE)
 # Benchmarks measure particular hardware on purpose.
 _BENCHMARK_PATH = re.compile(r"(^|/)bench(mark)?s?(/|_|\.py$)", re.IGNORECASE)
-# torch.distributed collectives: their tensors must be on the process group's device
-# (CUDA for NCCL), so code calling them chooses the device on purpose.
-_COLLECTIVES = frozenset(
-    {
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "all_to_all",
-        "all_to_all_single",
-        "broadcast",
-        "reduce",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "gather",
-        "scatter",
-        "send",
-        "recv",
-        "isend",
-        "irecv",
-        "barrier",
-    }
-)
 # Functions that ask about a device rather than put something on it.
 _PREDICATE = re.compile(
     r"_*(check|is|has|skip|only|require|expect|assert|supports?|match|filter)", re.IGNORECASE
 )
-_EXPECTS_ERROR = re.compile(r"raises|assertRaises|expectedFailure", re.IGNORECASE)
-_SETUP_NAMES = frozenset({"setUp", "setUpClass", "setup_method", "setup_class"})
-# Exceptions whose handler is a fallback for a failed `.cuda()`.
-_BROAD_EXCEPTIONS = frozenset({"Exception", "BaseException", "RuntimeError", "AssertionError"})
-# An early exit or assert on these words stops runs without a GPU.
-_GPU_CHECK_WORDS = re.compile(r"cuda|gpu|nccl|is_available|device_count", re.IGNORECASE)
-_EXIT_CALLS = re.compile(r"skip|exit|abort", re.IGNORECASE)
-
 _HINT = (
     'choose the device once, e.g. `device = torch.device("cuda" if '
     'torch.cuda.is_available() else "cpu")` (or `td.pick_device()`), and use `.to(device)`'
@@ -162,6 +122,7 @@ class HardcodedCuda(Rule):
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
+        self._choice = CudaChoice(ctx)
         # a file that never says "cuda" can only drop a device a class defaults to CUDA
         self._dropped_only = "cuda" not in ctx.source
         if self._dropped_only:
@@ -170,14 +131,10 @@ class HardcodedCuda(Rule):
             return
         path = ctx.project_path
         self._file_is_cuda_only = bool(
-            _CUDA_NAME.search(path)
+            CUDA_NAME.search(path)
             or _BENCHMARK_PATH.search(path)
             or imports_cuda_only_package(ctx.tree, ctx.project.cuda_extensions)
         )
-        self._cuda_only_blocks: dict[int, bool] = {}
-        self._gated: bool | None = None
-        self._gated_classes: set[str] | None = None
-        self._collective_functions: dict[ast.AST, bool] = {}
         # Without a "cuda" / 'cuda:0' string, only `.cuda()` calls can be reported.
         self._literals = '"cuda' in ctx.source or "'cuda" in ctx.source
         if self._file_is_cuda_only:
@@ -222,7 +179,7 @@ class HardcodedCuda(Rule):
             culprit, message = self._check_assign(node)
         else:
             return
-        if culprit is None or self._guarded(node):
+        if culprit is None or self._choice.guarded([*self.ctx.stack, node]):
             return
         reason = device_reason(self.ctx, [*self.ctx.stack, node], node)
         if self.reports(reason):
@@ -232,7 +189,9 @@ class HardcodedCuda(Rule):
         """A class whose device defaults to CUDA, built without the device this
         function was given (analysis/dropped_device.py)."""
         message = dropped_device(self.ctx, [*self.ctx.stack, call], call)
-        if message is not None and (self._dropped_only or not self._guarded(call)):
+        if message is not None and (
+            self._dropped_only or not self._choice.guarded([*self.ctx.stack, call])
+        ):
             self.report(call, message, hint=_HINT)
 
     def reports(self, reason: str | None) -> bool:
@@ -313,155 +272,6 @@ class HardcodedCuda(Rule):
                 )
         return None, ""
 
-    # -- when the author already handled it -------------------------------------
-    def _guarded(self, node: ast.AST) -> bool:
-        """Whether `node` (the visited call or assignment) sits where CUDA is a choice."""
-        chain = [*self.ctx.stack, node]
-        for depth in range(len(chain) - 2, -1, -1):
-            parent, child = chain[depth], chain[depth + 1]
-            if self._guards(parent, child):
-                return True
-        return False
-
-    def _guards(self, parent: ast.AST, child: ast.AST) -> bool:
-        if isinstance(parent, ast.IfExp):
-            return child is not parent.test
-        if isinstance(parent, ast.arguments):
-            return True  # a parameter's default: the caller chooses
-        if isinstance(parent, ast.If | ast.While | ast.Assert) and child is parent.test:
-            return True  # a condition asks about CUDA; it does not move anything there
-        if isinstance(parent, ast.Compare):
-            return True  # `torch.device("cuda") in devices`, `x.device == ...`
-        if isinstance(parent, ast.If | ast.While):
-            if self._mentions_device(parent.test):
-                return True
-        elif isinstance(parent, ast.With | ast.AsyncWith):
-            if any(_EXPECTS_ERROR.search(self.ctx.segment(i.context_expr)) for i in parent.items):
-                return True  # `with pytest.raises(...)`: the failure is the point
-        elif isinstance(parent, ast.BoolOp):
-            for operand in parent.values:
-                if operand is child:
-                    break
-                if self._mentions_device(operand):
-                    return True
-        elif isinstance(parent, ast.Try):
-            if any(child is stmt for stmt in parent.body) and any(
-                _catches_failure(h) for h in parent.handlers
-            ):
-                return True
-        elif isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if _CUDA_NAME.search(parent.name):
-                return True
-            if any(self._mentions_device(d) for d in parent.decorator_list):
-                return True
-            if isinstance(parent, ast.ClassDef):
-                if self._class_is_gated(parent):
-                    return True
-            elif self._uses_collectives(parent) or any(
-                _CUDA_NAME.search(a.arg)
-                for a in (*parent.args.posonlyargs, *parent.args.args, *parent.args.kwonlyargs)
-            ):
-                return True  # a `gpu_ids` / `use_cuda` parameter: the caller decides
-        elif isinstance(parent, ast.Module) and self._file_is_gated():
-            return True
-        block = _block_of(parent, child)
-        return block is not None and (
-            self._exits_earlier(block, child) or self._block_is_cuda_only(block)
-        )
-
-    def _mentions_device(self, expr: ast.AST) -> bool:
-        return bool(_DEVICE_WORDS.search(self.ctx.segment(expr)))
-
-    def _checks_gpu(self, expr: ast.AST) -> bool:
-        return bool(_GPU_CHECK_WORDS.search(self.ctx.segment(expr)))
-
-    def _exits_earlier(self, block: list[ast.stmt], child: ast.AST) -> bool:
-        """An earlier statement of the block stops non-GPU runs (return, skip, assert)."""
-        for stmt in block:
-            if stmt is child:
-                return False
-            if isinstance(stmt, ast.Assert) and self._checks_gpu(stmt.test):
-                return True
-            if (
-                isinstance(stmt, ast.If)
-                and self._checks_gpu(stmt.test)
-                and _ends_with_exit(stmt.body)
-            ):
-                return True
-        return False
-
-    def _file_is_gated(self) -> bool:
-        """A test module whose `pytestmark` skips runs without a GPU."""
-        if self._gated is None:
-            self._gated = any(
-                isinstance(stmt, ast.Assign)
-                and any(getattr(t, "id", "") == "pytestmark" for t in stmt.targets)
-                and self._checks_gpu(stmt.value)
-                for stmt in self.ctx.tree.body
-            )
-        return self._gated
-
-    def _class_is_gated(self, cls: ast.ClassDef) -> bool:
-        """A class whose setUp or `skip` check (or a base class's, in this file) asks
-        about the GPU: test cases, profiler patterns. Its methods only run where the
-        check passed."""
-        if self._gated_classes is None:
-            classes = {c.name: c for c in walk(self.ctx.tree) if isinstance(c, ast.ClassDef)}
-            gated = {
-                name
-                for name, c in classes.items()
-                if any(
-                    isinstance(stmt, ast.FunctionDef)
-                    and stmt.name in (*_SETUP_NAMES, "skip")
-                    and self._checks_gpu(stmt)
-                    for stmt in c.body
-                )
-            }
-            for _ in range(3):  # subclasses of gated classes, a few levels deep
-                gated |= {
-                    name
-                    for name, c in classes.items()
-                    if any(getattr(b, "id", getattr(b, "attr", "")) in gated for b in c.bases)
-                }
-            self._gated_classes = gated
-        return cls.name in self._gated_classes
-
-    def _block_is_cuda_only(self, block: list[ast.stmt]) -> bool:
-        """The block always calls a torch.cuda API that fails without a GPU (or a function
-        of this file that does), so it needs a GPU anyway."""
-        key = id(block)
-        cached = self._cuda_only_blocks.get(key)
-        if cached is None:
-            cached = any(calls_cuda_only(self.ctx, sub) for sub in always_run_calls(block))
-            self._cuda_only_blocks[key] = cached
-        return cached
-
-    def _uses_collectives(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-        """The function feeds torch.distributed collectives, whose tensors must sit on
-        the process group's device (CUDA for NCCL): the device is chosen on purpose."""
-        found = self._collective_functions.get(function)
-        if found is None:  # asked for each CUDA call the function holds
-            found = self._collective_functions[function] = self._feeds_collectives(function)
-        return found
-
-    def _feeds_collectives(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-        if "dist" not in self.ctx.segment(function).lower():
-            return False
-        for sub in walk(function):
-            if isinstance(sub, ast.Call):
-                # torch.distributed.all_reduce, or a project's wrapper such as
-                # distributed_utils.all_reduce
-                name = self.ctx.qualname(sub.func) or ""
-                head, _, last = name.rpartition(".")
-                if last in _COLLECTIVES and "dist" in head:
-                    return True
-                # DistributedDataParallel(model, device_ids=[rank]): one GPU per process
-                if last == "DistributedDataParallel" and any(
-                    kw.arg == "device_ids" for kw in sub.keywords
-                ):
-                    return True
-        return False
-
 
 def _per_rank(args: list[ast.expr]) -> bool:
     """`.cuda(rank)`, `torch.device("cuda", local_rank)`: one GPU per process of a
@@ -469,7 +279,7 @@ def _per_rank(args: list[ast.expr]) -> bool:
     return any(
         "rank" in (node.id if isinstance(node, ast.Name) else node.attr).lower()
         for arg in args
-        for node in ast.walk(arg)
+        for node in walk(arg)
         if isinstance(node, ast.Name | ast.Attribute)
     )
 
@@ -489,36 +299,6 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
     return None
 
 
-def _catches_failure(handler: ast.ExceptHandler) -> bool:
-    if handler.type is None:
-        return True
-    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any(
-        (t.id if isinstance(t, ast.Name) else getattr(t, "attr", "")) in _BROAD_EXCEPTIONS
-        for t in types
-    )
-
-
-def _ends_with_exit(body: list[ast.stmt]) -> bool:
-    last = body[-1]
-    if isinstance(last, ast.Return | ast.Raise | ast.Continue | ast.Break):
-        return True
-    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
-        func = last.value.func
-        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-        return bool(_EXIT_CALLS.search(name))
-    return False
-
-
 def _short(text: str, limit: int = 40) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt] | None:
-    """The statement list of `parent` (body, else, finally) holding `child`."""
-    for field in ("body", "orelse", "finalbody"):
-        block = getattr(parent, field, None)
-        if isinstance(block, list) and any(stmt is child for stmt in block):
-            return block
-    return None

@@ -16,6 +16,7 @@ from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch, Place
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 _ALL_FACTORIES = FACTORIES | LEGACY_CONSTRUCTORS
 # values whose `.device` the message cannot name (a torch.distributions object has none)
@@ -319,7 +320,7 @@ def _on_no_gpu_path(site: ast.AST, func: AnyFunction) -> bool:
     """`site` runs only where the code found no GPU: the `else:` of
     `if torch.cuda.is_available():` (or the body of `if not use_cuda:`), where the
     model is not on one either."""
-    for node in ast.walk(func):
+    for node in walk(func):
         if not isinstance(node, ast.If):
             continue
         test, negated = node.test, False

@@ -8,6 +8,7 @@ from torchdoctor.check.analysis.file_flow import file_flow, scopes_with
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.values import Kind, Place
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 DATA_PARALLEL = frozenset(
     {
@@ -98,7 +99,7 @@ class DataParallelNotOnDevice(Rule):
         if not isinstance(arg, ast.Name):
             return None
         built = None
-        for sub in ast.walk(node):
+        for sub in walk(node):
             if (
                 isinstance(sub, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id == arg.id for t in sub.targets)
@@ -128,12 +129,12 @@ class DataParallelNotOnDevice(Rule):
         bound to) or stored on an object."""
         bound = {
             t.id
-            for sub in ast.walk(node)
+            for sub in walk(node)
             if isinstance(sub, ast.Assign) and sub.value is call
             for t in sub.targets
             if isinstance(t, ast.Name)
         }
-        for sub in ast.walk(node):
+        for sub in walk(node):
             if isinstance(sub, ast.Return) and sub.value is not None:
                 value = sub.value
                 if isinstance(value, ast.Name) and value.id in bound:

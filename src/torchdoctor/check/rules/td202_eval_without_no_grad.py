@@ -18,6 +18,7 @@ from torchdoctor.check.analysis.names import (
     is_torch_file,
 )
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 _WORDS = ("val", "test", "eval", "predict", "infer", "generate")
 _SCRIPT_WORDS = ("DataLoader", ".backward(", "zero_grad", ".eval()", "optim.")
@@ -261,7 +262,7 @@ def _evaluation_side(rule: Rule, fl: FileLoops, fi: FunctionInfo, fc: ForwardCal
     # the training side's blocks, wherever the test is repeated
     blocks = [
         (n.body if side == "body" else n.orelse)
-        for n in ast.walk(node)
+        for n in walk(node)
         if isinstance(n, ast.If) and ast.unparse(n.test) == ast.unparse(test.test)
     ]
     spans = [(b[0].lineno, b[-1].end_lineno or b[-1].lineno) for b in blocks if b]

@@ -17,6 +17,11 @@ from torchdoctor.check.analysis.syntax import bound_names, dotted
 from torchdoctor.check.analysis.values import Kind
 from torchdoctor.check.lines import line_end
 from torchdoctor.check.rule import Fix, FixAvailability, Rule, Severity
+from torchdoctor.check.rules._accumulations import (
+    accumulations,
+    plain_number_accumulator,
+    reset_inside,
+)
 from torchdoctor.check.rules._kept_by_callers import report_kept_for_callers
 from torchdoctor.check.tree_walk import walk
 
@@ -135,11 +140,11 @@ class LossKeptWithGraph(Rule):
                     continue
                 graph |= _parts_of(loop, graph) | _returned_parts(fl, fi, loop, graph)
                 graph |= _fellow_outputs(loop, graph)
-                for stmt, acc, value in _accumulations(loop, kept):
+                for stmt, acc, value in accumulations(loop, kept):
                     if id(stmt) in reported or acc in graph or acc in backed:
                         continue
                     culprit = self._carries_graph(fi, value, graph)
-                    if culprit is None or _reset_inside(loop, acc, stmt):
+                    if culprit is None or reset_inside(loop, acc, stmt):
                         continue
                     if _used_in_backward(fi, acc, events):
                         continue
@@ -161,11 +166,11 @@ class LossKeptWithGraph(Rule):
         outlives the call, like an accumulator defined before a loop."""
         graph = _backward_names(events)
         graph |= _parts_of(fi.node, graph) | _returned_parts(fl, fi, fi.node, graph)
-        for stmt, acc, value in _accumulations(fi.node, kept):
+        for stmt, acc, value in accumulations(fi.node, kept):
             if id(stmt) in reported or acc in graph or not acc.startswith("self."):
                 continue
             culprit = self._carries_graph(fi, value, graph)
-            if culprit is None or _reset_inside(fi.node, acc, stmt):
+            if culprit is None or reset_inside(fi.node, acc, stmt):
                 continue
             if _used_in_backward(fi, acc, events):
                 continue
@@ -261,7 +266,7 @@ class LossKeptWithGraph(Rule):
         )
         fix: Fix | None = None
         if isinstance(stmt, ast.AugAssign) and isinstance(value, ast.Name):
-            safe = _plain_number_accumulator(fi, acc)
+            safe = plain_number_accumulator(fi, acc)
             fix = self.ctx.fix(
                 f"use `{value.id}.item()`",
                 self.ctx.replace(value, f"{value.id}.item()"),
@@ -399,73 +404,6 @@ def _may_accumulate_a_loss(text: str, helpers: bool, objects: bool) -> bool:
     )
 
 
-def _accumulations(
-    loop: ast.AST, kept: Callable[[ast.Call], list[ast.expr]] | None = None
-) -> list[tuple[ast.stmt, str, ast.expr]]:
-    """(statement, accumulator, added value) for `a += v`, `a = a + v`, `a.append(v)`,
-    and with `kept`, `a.update(v)` of an object whose method adds `v` up in its state."""
-    found: list[tuple[ast.stmt, str, ast.expr]] = []
-    todo: list[ast.stmt] = list(getattr(loop, "body", []))
-    while todo:
-        stmt = todo.pop()
-        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            continue
-        for name in ("body", "orelse", "finalbody"):
-            todo.extend(getattr(stmt, name, []) or [])
-        for holder in getattr(stmt, "handlers", []) or []:
-            todo.extend(holder.body)
-        if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add):
-            acc = dotted(stmt.target)
-            if acc is not None:
-                found.append((stmt, acc, stmt.value))
-        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-            acc = dotted(stmt.targets[0])
-            value = stmt.value
-            if acc and isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
-                if dotted(value.left) == acc:
-                    found.append((stmt, acc, value.right))
-                elif dotted(value.right) == acc:
-                    found.append((stmt, acc, value.left))
-        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-            call = stmt.value
-            if (
-                isinstance(call.func, ast.Attribute)
-                and call.func.attr == "append"
-                and len(call.args) == 1
-                and not call.keywords
-            ):
-                acc = dotted(call.func.value)
-                if acc is not None:
-                    found.append((stmt, acc, call.args[0]))
-            elif kept is not None and isinstance(call.func, ast.Attribute):
-                acc = dotted(call.func.value)
-                if acc is not None:
-                    found += [(stmt, acc, arg) for arg in kept(call)]
-    return found
-
-
-def _reset_inside(loop: ast.AST, acc: str, stmt: ast.stmt) -> bool:
-    """`acc` is (re)bound inside the loop, so it does not outlive an iteration."""
-    for node in walk(loop):
-        if (
-            isinstance(node, ast.Assign)
-            and node is not stmt
-            and any(dotted(t) == acc for target in node.targets for t in _unpacked(target))
-            and not _adds_to(node.value, acc)
-        ):
-            return True
-        if isinstance(node, ast.For | ast.comprehension) and dotted(node.target) == acc:
-            return True
-    return False
-
-
-def _unpacked(target: ast.expr) -> list[ast.expr]:
-    """The targets `a, (b, c) = ...` binds: a, b, c (a plain target itself)."""
-    if isinstance(target, ast.Tuple | ast.List):
-        return [t for e in target.elts for t in _unpacked(e)]
-    return [target.value if isinstance(target, ast.Starred) else target]
-
-
 def _used_in_backward(fi: FunctionInfo, acc: str, events: list[Event]) -> bool:
     """The accumulated value goes to backward() (directly, or summed/stacked first)."""
     head = acc.split(".", 1)[0]
@@ -486,21 +424,3 @@ def _used_in_backward(fi: FunctionInfo, acc: str, events: list[Event]) -> bool:
         if isinstance(stmt, ast.Return) and stmt.value is not None and "backward" not in fi.text:
             return True
     return False
-
-
-def _plain_number_accumulator(fi: FunctionInfo, acc: str) -> bool:
-    """`acc = 0` / `acc = 0.0` before, and never used as a tensor (`acc.item()`)."""
-    if "." in acc or re.search(r"\b" + re.escape(acc) + r"\s*\.", fi.text):
-        return False
-    for stmt in fi.own_statements():
-        if isinstance(stmt, ast.Assign) and any(dotted(t) == acc for t in stmt.targets):
-            value = stmt.value
-            number = isinstance(value, ast.Constant) and isinstance(value.value, int | float)
-            if not number and not _adds_to(value, acc):
-                return False
-    return True
-
-
-def _adds_to(value: ast.expr, acc: str) -> bool:
-    """`acc + x` / `x + acc`: the accumulation itself, not a reset."""
-    return isinstance(value, ast.BinOp) and acc in {dotted(value.left), dotted(value.right)}

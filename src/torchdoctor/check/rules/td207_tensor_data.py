@@ -4,6 +4,7 @@ import ast
 from typing import TYPE_CHECKING, ClassVar
 
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -127,7 +128,7 @@ class TensorData(Rule):
         names = self._loop_tensors.get(id(scope))
         if names is None:
             names = set()
-            for sub in ast.walk(scope):
+            for sub in walk(scope):
                 if isinstance(sub, ast.For | ast.comprehension):
                     names.update(self._loop_parameter(sub.target, sub.iter))
                 elif isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Call):

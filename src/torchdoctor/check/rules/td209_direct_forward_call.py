@@ -5,6 +5,7 @@ import re
 from typing import TYPE_CHECKING, ClassVar
 
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -145,7 +146,7 @@ class DirectForwardCall(Rule):
         if not isinstance(receiver, ast.Name):
             return False
         scope = self.ctx.enclosing_function() or self.ctx.tree
-        for sub in ast.walk(scope):
+        for sub in walk(scope):
             if not (
                 isinstance(sub, ast.Assign)
                 and isinstance(sub.value, ast.Call)
@@ -166,7 +167,7 @@ class DirectForwardCall(Rule):
         if self._plain is None:
             self._plain = {
                 c.name
-                for c in ast.walk(self.ctx.tree)
+                for c in walk(self.ctx.tree)
                 if isinstance(c, ast.ClassDef)
                 and not any(
                     self.ctx.project.is_module_class_name(self.ctx.qualname(base) or "")

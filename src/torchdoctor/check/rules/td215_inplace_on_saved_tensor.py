@@ -300,7 +300,7 @@ class _Method:
         needs_grad = not no_grad and self.needs_grad(value, state)
         if not no_grad:
             self.saved_operands(value, line, state)
-        names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        names = [n.id for t in targets for n in walk(t) if isinstance(n, ast.Name)]
         for name in names:
             state.saved.pop(name, None)
             state.tainted.discard(name)
@@ -329,7 +329,7 @@ class _Method:
         )
 
     def needs_grad(self, expr: ast.expr, state: _State) -> bool:
-        for node in ast.walk(expr):
+        for node in walk(expr):
             if isinstance(node, ast.Name) and node.id in state.tainted:
                 return True
             if (
@@ -396,7 +396,7 @@ class _Method:
 
     def saved_operands(self, value: ast.expr, line: int, state: _State) -> None:
         """Names saved as an operand of `a * b`, `a / b`, `a @ b`, `torch.matmul(a, b)`."""
-        for node in ast.walk(value):
+        for node in walk(value):
             pairs: list[tuple[ast.expr, ast.expr, str]] = []
             if isinstance(node, ast.BinOp) and isinstance(node.op, _BINOP_SAVES):
                 pairs = [(node.left, node.right, self.ctx.segment(node))]
@@ -421,7 +421,7 @@ class _Method:
             for target in stmt.targets:
                 if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
                     self.check(stmt, target.value.id, state)
-        for node in ast.walk(stmt):
+        for node in walk(stmt):
             if not isinstance(node, ast.Call):
                 continue
             func = node.func

@@ -213,7 +213,7 @@ class SaveWholeModel(Rule):
             elif isinstance(sub, ast.For | ast.comprehension | ast.With | ast.withitem):
                 target = getattr(sub, "target", None) or getattr(sub, "optional_vars", None)
                 if target is not None and any(
-                    isinstance(t, ast.Name) and t.id == name for t in ast.walk(target)
+                    isinstance(t, ast.Name) and t.id == name for t in walk(target)
                 ):
                     return None  # a loop or `with` variable: unknown
         if latest is not None:

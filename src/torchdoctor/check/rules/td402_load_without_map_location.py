@@ -271,9 +271,9 @@ class LoadWithoutMapLocation(Rule):
         with the strings of module-level variables assigned before line `before`."""
         names: set[str] = set()
         strings: set[str] = set()
-        callees = {id(n.func) for n in ast.walk(path) if isinstance(n, ast.Call)}
-        bases = {id(n.value) for n in ast.walk(path) if isinstance(n, ast.Attribute)}
-        for n in ast.walk(path):
+        callees = {id(n.func) for n in walk(path) if isinstance(n, ast.Call)}
+        bases = {id(n.value) for n in walk(path) if isinstance(n, ast.Attribute)}
+        for n in walk(path):
             if isinstance(n, ast.Name) and id(n) not in callees and id(n) not in bases:
                 names.add(n.id)
             elif isinstance(n, ast.Constant) and isinstance(n.value, str):
@@ -286,7 +286,7 @@ class LoadWithoutMapLocation(Rule):
             ):
                 strings |= {
                     n.value
-                    for n in ast.walk(statement.value)
+                    for n in walk(statement.value)
                     if isinstance(n, ast.Constant) and isinstance(n.value, str)
                 }
         strings = {s.removeprefix("./").rstrip("/") for s in strings}
@@ -356,7 +356,7 @@ def _file_names(path: ast.expr) -> set[str]:
     `os.path.join(out, "trainfeat.pth")`."""
     return {
         n.value.rsplit("/", 1)[-1]
-        for n in ast.walk(path)
+        for n in walk(path)
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and "." in n.value
     }
 

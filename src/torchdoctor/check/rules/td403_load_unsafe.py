@@ -4,6 +4,7 @@ import ast
 from typing import ClassVar
 
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 _LOADS = frozenset({"torch.load", "torch.serialization.load"})
 
@@ -92,7 +93,7 @@ class LoadUnsafe(Rule):
         """The same function `torch.save`s to this very file or buffer before loading it."""
         scope = self.ctx.enclosing_function() or self.ctx.tree
         target = self.ctx.segment(source)
-        for sub in ast.walk(scope):
+        for sub in walk(scope):
             if (
                 isinstance(sub, ast.Call)
                 and len(sub.args) >= 2

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from torchdoctor.check.lines import line_start
 from torchdoctor.check.rule import Edit, Fix, FixAvailability, Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 # deprecated name -> (device type, replacement under torch.amp)
 _DEPRECATED: dict[str, tuple[str, str]] = {
@@ -203,7 +204,7 @@ class DeprecatedCudaAmp(Rule):
         """The statement importing the name `root` stands for."""
         if not isinstance(root, ast.Name):
             return None
-        for stmt in ast.walk(self.ctx.tree):
+        for stmt in walk(self.ctx.tree):
             if isinstance(stmt, ast.ImportFrom | ast.Import) and any(
                 (alias.asname or alias.name.split(".", 1)[0]) == root.id for alias in stmt.names
             ):
@@ -267,4 +268,4 @@ class DeprecatedCudaAmp(Rule):
 
 
 def _contains(tree: ast.AST, node: ast.AST) -> bool:
-    return any(sub is node for sub in ast.walk(tree))
+    return any(sub is node for sub in walk(tree))

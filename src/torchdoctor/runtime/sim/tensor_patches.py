@@ -20,6 +20,7 @@ from torchdoctor.runtime.sim.devices import (
     tag_of,
 )
 from torchdoctor.runtime.sim.frames import user_site
+from torchdoctor.runtime.sim.operands import Operand
 
 if TYPE_CHECKING:
     from torchdoctor.runtime.sim.patches import Patches
@@ -297,7 +298,7 @@ def _numpy_and_pinning(patches: Patches) -> None:
                 rules.Violation(
                     f"can't convert {tag} device type tensor to numpy. Use Tensor.cpu() "
                     "to copy the tensor to host memory first.",
-                    culprit=rules.Operand("self", self, tag, False),
+                    culprit=Operand("self", self, tag, False),
                     exc_type=TypeError,
                     kind="numpy",
                 ),
@@ -312,7 +313,7 @@ def _numpy_and_pinning(patches: Patches) -> None:
                 rules.Violation(
                     f"cannot pin '{rules.legacy_type(self, tag)}' only dense CPU tensors "
                     "can be pinned",
-                    culprit=rules.Operand("self", self, tag, False),
+                    culprit=Operand("self", self, tag, False),
                     kind="pin",
                 ),
                 op=None,

@@ -22,6 +22,7 @@ from torchdoctor.runtime.sim.devices import (
     tag_of,
 )
 from torchdoctor.runtime.sim.opaque import call_opaque
+from torchdoctor.runtime.sim.operands import Operand, operand_device
 
 if TYPE_CHECKING:
     from torchdoctor.runtime.sim.patches import Patches
@@ -151,7 +152,7 @@ def _rnn(patches: Patches) -> None:
 
     def check(inp: Tensor, hiddens: list[Any], params: list[Any]) -> Any:
         """The input's device, once hidden state and parameters agree (rule 6)."""
-        dev = rules.operand_device(inp, tag_of(inp))
+        dev = operand_device(inp, tag_of(inp))
         if dev is WILD:
             return dev
 
@@ -159,7 +160,7 @@ def _rnn(patches: Patches) -> None:
             for t in group:
                 if not isinstance(t, Tensor):
                     continue
-                other = rules.operand_device(t, tag_of(t))
+                other = operand_device(t, tag_of(t))
                 if other is WILD or other == dev:
                     continue
                 session.violation(
@@ -167,8 +168,8 @@ def _rnn(patches: Patches) -> None:
                         f"Input and {what} tensors are not at the same device, found input "
                         f"tensor at {describe(dev)} and {what} tensor at "
                         f"{describe(other)}",
-                        culprit=rules.Operand(what, t, other, False),
-                        reference=rules.Operand("input", inp, dev, False),
+                        culprit=Operand(what, t, other, False),
+                        reference=Operand("input", inp, dev, False),
                         output_device=dev,
                     ),
                     op=None,
@@ -206,7 +207,7 @@ def _rnn(patches: Patches) -> None:
             session.violation(
                 rules.Violation(
                     rules.lengths_message(batch_sizes, tag),
-                    culprit=rules.Operand("batch_sizes", batch_sizes, tag, False),
+                    culprit=Operand("batch_sizes", batch_sizes, tag, False),
                     kind="cpu-by-design",
                 ),
                 op=None,
