@@ -269,7 +269,10 @@ class ScopeCalls(ScopeMethods):
                 return UNKNOWN
             owner, defined = foreign
             returned = self._follow_call(node, defined, args, keywords, on_object=True, owner=owner)
-            return returned or UNKNOWN
+            if returned is None or _one_of(returned, [*args, *(v for _, v in keywords)]):
+                return returned or UNKNOWN
+            # made there (`self.net(obs.to(self.device))`): that file's lines and nodes
+            return carried(returned, os.path.basename(owner.ctx.path), node)
         base = _base_name(func)
         if (
             qual
