@@ -397,12 +397,28 @@ def _by_tail(ctx: FileContext, parts: list[str]) -> str | None:
     disk = ctx.project.disk
     key = "by_tail:" + ".".join(parts)
     if key not in disk:
-        disk[key] = _find_by_tail(ctx.project.paths, parts)
+        stems = disk.get("paths_by_stem")
+        if not isinstance(stems, dict):
+            stems = disk["paths_by_stem"] = _paths_by_stem(ctx.project.paths)
+        disk[key] = _find_by_tail(stems.get(parts[-1], []), parts)
     found = disk[key]
     return found if isinstance(found, str) else None
 
 
-def _find_by_tail(paths: frozenset[str], parts: list[str]) -> str | None:
+def _paths_by_stem(paths: frozenset[str]) -> dict[str, list[str]]:
+    """The project's paths by the module name they define (`metrics` for
+    `utils/metrics.py` and `metrics/__init__.py`)."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        if name == "__init__.py":
+            found.setdefault(folder.rpartition("/")[2], []).append(path)
+        elif name.endswith(".py"):
+            found.setdefault(name[:-3], []).append(path)
+    return found
+
+
+def _find_by_tail(paths: list[str], parts: list[str]) -> str | None:
     modules = {
         path: "/" + path.rsplit(".", 1)[0].removesuffix("/__init__")
         for path in paths
