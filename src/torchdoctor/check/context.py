@@ -82,9 +82,15 @@ def _star_conventions(tree: ast.Module, aliases: dict[str, str]) -> dict[str, st
 
 
 # Statements with no statements inside (most of a file): nothing to look into
-# A word as `words` finds them: it starts at a letter or underscore (in "3d_conv" the
-# word found is "d_conv", which still holds every needle that starts with a letter)
+# An identifier: it starts at a letter or underscore (`words` keeps "3d_conv" whole,
+# which still holds every needle that starts with a letter)
 IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+# bytes.translate table for `words`: ASCII letters, digits, `_` and every byte of a
+# multi-byte UTF-8 character kept; any other byte becomes a space
+_WORD_BYTES = bytes(
+    i if (chr(i).isascii() and (chr(i).isalnum() or i == 95)) or i >= 128 else 32
+    for i in range(256)
+)
 
 
 @functools.cache
@@ -201,10 +207,13 @@ class FileContext:
 
     @property
     def words(self) -> frozenset[str]:
-        """Every identifier-like word of the text, comments and strings included (one
-        regex scan, shared by the trigger tests and the training-loop analysis)."""
+        """Every word of the text, comments and strings included (one scan, shared by
+        the trigger tests and the training-loop analysis)."""
         if self._words is None:
-            self._words = frozenset(IDENTIFIER.findall(self.source))
+            # every run of word characters (ASCII ones, and any non-ASCII character),
+            # found by C-level byte translation: twice as fast as the regex on big files
+            text = self.source.encode("utf-8", "surrogatepass").translate(_WORD_BYTES)
+            self._words = frozenset(text.decode("utf-8", "surrogatepass").split())
         return self._words
 
     def holds(self, needle: str) -> bool:

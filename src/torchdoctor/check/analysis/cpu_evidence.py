@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.torch_api import _TENSOR_ATTRS_SAME, PRESERVING_METHODS, REDUCTIONS
 from torchdoctor.check.context import IDENTIFIER, FileContext
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import iter_children, walk
 
 # steps that keep a tensor where it is
 _KEEP_METHODS = (
@@ -186,7 +186,7 @@ def _collect(scope: ast.AST) -> _ScopeFacts:
     ifs: list[ast.If] = []
     # (node, its branches, the names comprehensions around it bind)
     todo: list[tuple[ast.AST, frozenset[_Branch], _Locals]] = [
-        (child, frozenset(), _NO_LOCALS) for child in ast.iter_child_nodes(scope)
+        (child, frozenset(), _NO_LOCALS) for child in iter_children(scope)
     ]
     while todo:
         node, branches, local = todo.pop()
@@ -323,4 +323,4 @@ def _children(node: ast.AST) -> list[tuple[ast.AST, _Branch | None]]:
         return out
     if isinstance(node, ast.BoolOp):
         return [(v, (key, i) if i else None) for i, v in enumerate(node.values)]
-    return [(c, None) for c in ast.iter_child_nodes(node)]
+    return [(c, None) for c in iter_children(node)]

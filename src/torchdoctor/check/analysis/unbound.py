@@ -15,16 +15,28 @@ the branch (`ScopeCore._first`, `_last`); this module says which keys can be unb
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Callable
 
 from torchdoctor.check.analysis.values import ScopeNode
 from torchdoctor.check.tree_walk import walk
 
+# a `global`/`nonlocal` statement: at the start of a line, after `;` or `:` (the words
+# alone are common in comments and docstrings)
+_DECLARATION = re.compile(r"(?:^|[;:])[ \t]*(?:global|nonlocal)[ \t]", re.MULTILINE)
+
 # the bases whose `__init__` sets no attribute the class's own code reads back
 _PLAIN_BASES = frozenset(
     {"object", "torch.nn.Module", "torch.nn.modules.module.Module", "nn.Module", "Module"}
 )
+
+
+@functools.lru_cache(maxsize=4)
+def _declares(source: str) -> bool:
+    """Whether the file holds a `global`/`nonlocal` statement (asked once per file: the
+    text is scanned only when it holds the word)."""
+    return ("global" in source or "nonlocal" in source) and bool(_DECLARATION.search(source))
 
 
 def unbindable(
@@ -43,7 +55,7 @@ def unbindable(
         nonlocal declared
         if declared is None:
             declared = set()
-            if "global" in source or "nonlocal" in source:
+            if _declares(source):
                 tops = node.body if isinstance(node, ast.Module) else [node]
                 for top in tops:
                     for sub in walk(top):

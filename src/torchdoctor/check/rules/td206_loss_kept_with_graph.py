@@ -23,7 +23,7 @@ from torchdoctor.check.rules._accumulations import (
     reset_inside,
 )
 from torchdoctor.check.rules._kept_by_callers import report_kept_for_callers
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import iter_children, walk
 
 # Calls that give a plain number or a graph-free tensor.
 _DETACHING = frozenset({"item", "detach", "tolist", "numpy", "float", "int", "data", "cpu"})
@@ -354,7 +354,7 @@ def _fellow_outputs(loop: ast.AST, graph: set[str]) -> set[str]:
         node, around = todo.pop()
         innermost[id(node)] = around
         inner = node if isinstance(node, ast.For | ast.AsyncFor | ast.While) else around
-        todo += [(child, inner) for child in ast.iter_child_nodes(node)]
+        todo += [(child, inner) for child in iter_children(node)]
     inputs: list[tuple[str, ast.stmt]] = []
     unpacked: list[tuple[set[str], ast.stmt]] = []
     for node in walk(loop):
