@@ -86,18 +86,25 @@ interpreters see the per-file objects above them only through protocols):
 - `loop_passes`   a loop's second iteration, run from the state the first one leaves: when
                   it can meet something new, and which of its meetings stand (not under
                   `if i == 0:`, not in a loop over one element)
+- `object_state` syntax of an object's state: the buffers a class registers, attributes
+                  that hold one of several bound methods (`self.step = self._step_sub`)
 - `scope_core` < `scope_exprs` < `scope_library` < `scope_moves` < `scope_methods`
-  < `scope_calls` < `scope`
+  < `scope_self` < `scope_calls` < `scope`
                   the scope interpreter (one function or module body), one layer per job:
                   state, expressions, library calls, tensor methods and moves, module calls
-                  and methods, calls followed into functions, statements with loops run
+                  and methods, `self.m(...)` followed with the caller's `self` where it
+                  carries a CPU tensor attribute (and `self.step(x)` of a bound-method
+                  attribute), calls followed into functions, statements with loops run
                   to a fixpoint
 - `made_results` what another file's function makes that its caller may hold (a module
                   moved to a device its parameters do not choose, loaders, containers of
                   such) and the text gate that spares files moving nothing
 - `file_index` < `flow_seeds` < `file_flow`   one file's functions and classes; the
-                  seeding of parameters from call sites in the file and the project; the
-                  scope cache and the calls followed into other files
+                  seeding of parameters from call sites in the file and the project, and
+                  of `self.x` (what `__init__` leaves; registered buffers, a base class's
+                  in another project file too, on the device; an attribute other methods
+                  reassign keeping it a CPU tensor, for a method's first call); the scope
+                  cache and the calls followed into other files
 - `project_facts` cross-file call facts (what other files pass to a function) and
                   `build_project`, the ProjectIndex of a whole run
 - `text_facts`    the project facts read from a file's text before any parse (classes

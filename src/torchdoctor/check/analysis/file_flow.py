@@ -4,12 +4,14 @@ calls it follows into other files."""
 from __future__ import annotations
 
 import ast
+import re
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.file_loops import project_file, sibling_path
 from torchdoctor.check.analysis.flow_seeds import FlowSeeds
 from torchdoctor.check.analysis.interfaces import ForeignMethod
 from torchdoctor.check.analysis.made_results import MAKERS, TextDefs, made_here, makes
+from torchdoctor.check.analysis.object_state import method_aliases, registered_buffers
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
     _is_static,
@@ -37,6 +39,10 @@ if TYPE_CHECKING:
     pass
 
 
+# `self.step = self._step_sub` (a comment may follow; any line end)
+_ALIAS_LINE = re.compile(r"\.(\w+)[ \t]*=[ \t]*[A-Za-z_]\w*\.\w+[ \t]*(?:#[^\r\n]*)?(?=[\r\n]|\Z)")
+
+
 def file_flow(ctx: FileContext) -> FileFlow:
     """The FileFlow of `ctx`, shared by every rule checking that file."""
     return ctx.shared("flow", FileFlow)
@@ -54,6 +60,9 @@ class FileFlow(FlowSeeds):
         self._foreign_functions: dict[tuple[str, bool], tuple[FileFlow, AnyFunction] | None] = {}
         self._made: dict[AnyFunction, Value] = {}
         self._unseeded: dict[AnyFunction, Value | None] = {}
+        self._buffers: dict[ast.ClassDef, frozenset[str]] = {}
+        self._aliases: dict[ast.ClassDef, dict[str, tuple[AnyFunction, ...]]] = {}
+        self._alias_names: dict[ast.ClassDef, frozenset[str]] = {}
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
@@ -62,6 +71,9 @@ class FileFlow(FlowSeeds):
         self._foreign_functions.clear()
         self._made.clear()
         self._unseeded.clear()
+        self._buffers.clear()
+        self._aliases.clear()
+        self._alias_names.clear()
         super().release()
 
     # -- scopes ------------------------------------------------------------------------
@@ -93,6 +105,10 @@ class FileFlow(FlowSeeds):
             self._in_progress.discard(node)
         self._scopes[key] = found
         return found
+
+    def fresh_scope(self, node: AnyFunction, seeds: Env) -> ScopeFlow:
+        """`node` analysed from `seeds` (not cached: a question about those seeds)."""
+        return ScopeFlow(self, node, seeds=seeds)
 
     MAX_CALL_DEPTH = 2  # calls followed with their arguments, one inside another
     CALL_BUDGET = 200  # such analyses per file: a huge file stays fast
@@ -282,6 +298,66 @@ class FileFlow(FlowSeeds):
         found = self._makes_factory.get(func)
         if found is None:
             found = self._makes_factory[func] = returns_factory(self.text(func))
+        return found
+
+    def buffers(self, cls: ast.ClassDef) -> frozenset[str]:
+        """Names construction registers as buffers (`self.register_buffer("beta", t)`),
+        in `cls` or its bases (of this file, or of the one other project file defining a
+        module class of that name): tensors `model.to(device)` moves. A method that
+        construction does not run and that assigns one removes it (it may put a tensor
+        there after the move)."""
+        found = self._buffers.get(cls)
+        if found is None:
+            self._buffers[cls] = frozenset()  # cyclic bases
+            names = set(registered_buffers(cls)) if "register_buffer" in self.text(cls) else set()
+            for base in cls.bases:
+                names |= self._base_buffers(base)
+            if names:
+                helpers = self.init_helpers(cls)
+                for name, method in self.methods(cls).items():
+                    if name != "__init__" and name not in helpers:
+                        assigned = self.self_attrs_assigned(method)
+                        names = set() if "*" in assigned else names - assigned
+            found = self._buffers[cls] = frozenset(names)
+        return found
+
+    def _base_buffers(self, base: ast.expr) -> frozenset[str]:
+        if isinstance(base, ast.Name) and base.id in self.classes:
+            return self.buffers(self.classes[base.id])
+        qual = self.ctx.qualname(base) or ""
+        last = qual.rpartition(".")[2]
+        if not last or qual.startswith("torch.") or last not in self.project.module_classes:
+            return frozenset()
+        paths = self.project.class_files.get(last, ())
+        if len(paths) != 1:
+            return frozenset()
+        # the one file defining it must be the one the import names (`.neurons` ->
+        # `.../neurons.py`; a package re-export `from .models import Net` is not read)
+        module = qual.lstrip(".").rpartition(".")[0]
+        tail = "/" + module.replace(".", "/")
+        path = "/" + paths[0].replace("\\", "/")
+        if not module or not path.endswith((tail + ".py", tail + "/__init__.py")):
+            return frozenset()
+        other = project_file(self.ctx, paths[0])
+        if other is None:
+            return frozenset()
+        flow = file_flow(other.ctx)
+        node = flow.classes.get(last)
+        return flow.buffers(node) if node is not None else frozenset()
+
+    def method_aliases(self, cls: ast.ClassDef) -> dict[str, tuple[AnyFunction, ...]]:
+        """`object_state.method_aliases` of `cls` (cached)."""
+        found = self._aliases.get(cls)
+        if found is None:
+            found = self._aliases[cls] = method_aliases(cls, self.methods(cls))
+        return found
+
+    def alias_names(self, cls: ast.ClassDef) -> frozenset[str]:
+        """Attributes `x` of a line `obj.x = obj.y` in `cls`'s text (cached): the only
+        names `method_aliases` can give, found without walking the class."""
+        found = self._alias_names.get(cls)
+        if found is None:
+            found = self._alias_names[cls] = frozenset(_ALIAS_LINE.findall(self.text(cls)))
         return found
 
     def module_exit_env(self) -> Env:

@@ -68,6 +68,9 @@ class FileIndex:
         self._module_attrs: dict[ast.ClassDef, frozenset[str]] = {}
         self._init_helpers: dict[ast.ClassDef, frozenset[str]] = {}
         self._none_attrs: dict[ast.ClassDef, frozenset[str]] = {}  # FileFlow.none_attributes
+        # FlowSeeds._first_call_holds: (class, attribute) -> what its writers do
+        self._first_call: dict[tuple[ast.ClassDef, str], bool | tuple[AnyFunction, ...]] = {}
+        self._first_call_busy: set[tuple[ast.ClassDef, str]] = set()
         self._inherited: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
         self._reached_from: dict[
             tuple[ast.ClassDef, AnyFunction], dict[AnyFunction, AnyFunction | None]
@@ -103,6 +106,7 @@ class FileIndex:
         self._module_attrs.clear()
         self._init_helpers.clear()
         self._none_attrs.clear()
+        self._first_call.clear()
         self._inherited.clear()
         self._reached_from.clear()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
+from torchdoctor.check.analysis.default_path import on_cpu
 from torchdoctor.check.analysis.file_index import FileIndex
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
@@ -34,6 +35,12 @@ class FlowSeeds(FileIndex):
 
     def scope(self, node: ScopeNode, *, callers: bool = True, depth: int = 0) -> ScopeFlow:
         raise NotImplementedError  # FileFlow.scope
+
+    def buffers(self, cls: ast.ClassDef) -> frozenset[str]:
+        raise NotImplementedError  # FileFlow.buffers
+
+    def fresh_scope(self, node: AnyFunction, seeds: Env) -> ScopeFlow:
+        raise NotImplementedError  # FileFlow.fresh_scope
 
     def _seeds(
         self,
@@ -116,7 +123,9 @@ class FlowSeeds(FileIndex):
             if not key.startswith(init_scope.self_name + "."):
                 continue
             attr = key[len(init_scope.self_name) + 1 :]
-            if "." in attr or attr in others:
+            if "." in attr:
+                continue
+            if attr in others and not self._first_call_holds(cls, func, attr, value):
                 continue
             if module_class and value.kind in (Kind.MODULE, Kind.PARAMETER):
                 # registered: moves with the module, wherever it goes
@@ -131,7 +140,81 @@ class FlowSeeds(FileIndex):
                     cls=value.cls,
                 )
             seeds[f"{self_name}.{attr}"] = value
+        if module_class:
+            # registered buffers move with the module too (whatever `__init__` put there)
+            for attr in self.buffers(cls) - others:
+                seeds[f"{self_name}.{attr}"] = Value(
+                    Kind.TENSOR,
+                    Place.DEVICE,
+                    name=f"self.{attr}",
+                    device=f"self.{attr}",
+                    assumed=True,
+                    is_input=True,
+                )
         return seeds
+
+    def _first_call_holds(
+        self, cls: ast.ClassDef, func: AnyFunction, attr: str, value: Value
+    ) -> bool:
+        """Whether `self.attr` still holds `value` (a CPU tensor `__init__` made) when
+        `func` first runs, although methods assign it: every other method that does
+        leaves a CPU tensor there when it finds one (`self.mem = torch.zeros_like(self.mem)`,
+        `self.mem = (1 - r) * self.mem`), so whatever runs before `func`'s first call keeps
+        it on the CPU. `func`'s own writes are its own flow's; a meeting on its first
+        call is a crash all the same."""
+        if not on_cpu(value) or value.default_of:
+            return False
+        key = (cls, attr)
+        found = self._first_call.get(key)
+        if found is None:
+            if key in self._first_call_busy:
+                return False  # asked while checking the writers of the same attribute
+            self._first_call_busy.add(key)
+            try:
+                found = self._writers_keep(cls, attr, value)
+            finally:
+                self._first_call_busy.discard(key)
+            self._first_call[key] = found
+        if found is True:
+            return True
+        return found is not False and found == (func,)
+
+    def _writers_keep(
+        self, cls: ast.ClassDef, attr: str, value: Value
+    ) -> bool | tuple[AnyFunction, ...]:
+        """True: every method but construction keeps `self.attr` a CPU tensor; False: two
+        or more do not (or one cannot be read); else the one method that does not (its
+        own first call still sees `value`)."""
+        helpers = self.init_helpers(cls)
+        breaking: list[AnyFunction] = []
+        for name, method in self.methods(cls).items():
+            if name == "__init__" or name in helpers:
+                continue
+            assigned = self.self_attrs_assigned(method)
+            if "*" in assigned:
+                return False
+            if attr not in assigned:
+                continue
+            if not self._keeps_cpu(method, attr, value):
+                breaking.append(method)
+                if len(breaking) > 1:
+                    return False
+        return tuple(breaking) if breaking else True
+
+    def _keeps_cpu(self, method: AnyFunction, attr: str, value: Value) -> bool:
+        """Whether `method`, run with `self.attr` holding the CPU tensor `value`, leaves a
+        CPU tensor there on every path that returns."""
+        params = [*method.args.posonlyargs, *method.args.args]
+        if not params or _is_static(method) or method.decorator_list:
+            return False  # a classmethod, property setter, ...: not read as one
+        text = self.text(method)
+        if "lambda" in text or text.count("def ") > 1:
+            return False  # a nested function may assign it: not run here
+        me = params[0].arg
+        seeds = self._seeds(method, 1, callers=False, call_sites=False)
+        seeds[f"{me}.{attr}"] = value
+        left = self.fresh_scope(method, seeds).exit_env.get(f"{me}.{attr}")
+        return left is not None and on_cpu(left)
 
     def self_attrs_assigned(self, func: AnyFunction) -> frozenset[str]:
         """Names `x` with `self.x = ...` (augmented, in a tuple, ...) anywhere in `func`.

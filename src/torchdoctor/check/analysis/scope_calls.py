@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.made_results import carried
-from torchdoctor.check.analysis.scope_methods import ScopeMethods
+from torchdoctor.check.analysis.scope_self import ScopeSelf
 from torchdoctor.check.analysis.syntax import _is_static, dotted
 from torchdoctor.check.analysis.values import (
     _TENSOR_KINDS,
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from torchdoctor.check.analysis.interfaces import FileFacts
 
 
-class ScopeCalls(ScopeMethods):
+class ScopeCalls(ScopeSelf):
     """Evaluates calls."""
 
     # -- calls --------------------------------------------------------------------------------
@@ -284,6 +284,12 @@ class ScopeCalls(ScopeMethods):
             found = self._foreign_call(node, qual, args, keywords, statement)
             if found is not None:
                 return found
+        on_self = self._self_call(node, args, keywords)
+        if on_self is not None and on_self[0]:
+            return on_self[1]  # `self.state_function(x)`: one of the bound methods it holds
+        aliased = self._aliased_methods(func) if on_self is None else ()
+        if aliased:
+            return self._follow_each(node, aliased, args, keywords, recv)
         target = self._same_file_callee(func, recv)
         if target is not None:
             on_object = recv is not None and recv.kind is Kind.OBJECT

@@ -227,6 +227,8 @@ class Mismatch:
     callee: ast.AST | None = None  # for "call": the function they meet in
     inner: Mismatch | None = None  # for "call": the meeting inside the callee
     later: bool = False  # met on a loop's second iteration (a value the first one rebinds)
+    # for "call": the caller's `self.x` that carried the CPU tensor in (not an argument)
+    attribute: str = ""
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,10 @@ class UnregisteredTensor(Rule):
     made there (a factory, `torch.tensor([...])`, arithmetic on those) and is
     neither an `nn.Parameter` nor registered with `register_buffer`, and that one
     of the module's methods (usually `forward`) combines with its inputs,
-    parameters or submodules. A tensor moved where it is used
-    (`self.mask.to(x.device)`) is not reported.
+    parameters, buffers or submodules. A tensor moved where it is used
+    (`self.mask.to(x.device)`) is not reported. A state that other methods reset
+    where it is (`self.mem = torch.zeros_like(self.mem)`) counts too: the first
+    call of `forward` still finds the CPU tensor `__init__` made.
 
     ## Why is this bad?
     `model.to(device)`, `.cuda()` and `.half()` move and convert parameters and
@@ -143,14 +145,16 @@ class UnregisteredTensor(Rule):
                 value = scope.value(stmt.value)
                 if value.kind is not Kind.TENSOR or value.place is not Place.CPU:
                     continue
-                if value.scalar or value.assumed or attr in assigned_elsewhere:
+                if value.scalar or value.assumed:
                     continue
                 final = init.exit_env.get(f"{init.self_name}.{attr}")
                 if final is None or final.kind is not Kind.TENSOR:
                     continue  # wrapped in a Parameter or replaced later
                 if re.search(rf"register_buffer\(\s*['\"]{re.escape(attr)}['\"]", class_text):
                     continue
-                user = _first_use(ff, others, attr, value)
+                # assigned by other methods too: only where the method's first call is
+                # shown to find what construction made (FlowSeeds._first_call_holds)
+                user = _first_use(ff, others, attr, value, attr in assigned_elsewhere)
                 if user is None:
                     continue
                 helper = "" if maker.name == "__init__" else maker.name
@@ -196,19 +200,25 @@ class UnregisteredTensor(Rule):
 
 
 def _first_use(
-    ff: FileFlow, methods: list[AnyFunction], attr: str, value: Value
+    ff: FileFlow, methods: list[AnyFunction], attr: str, value: Value, reassigned: bool
 ) -> tuple[str, str] | None:
-    """(method, "line N") where `self.attr` first meets a tensor on the module's device."""
+    """(method, "line N") where `self.attr` first meets a tensor on the module's device
+    (`reassigned`: other methods assign it too, so only a method seeded with what
+    construction made, on its first call, counts)."""
     ordered = sorted(methods, key=lambda m: (m.name != "forward", m.lineno))
     for method in ordered:
         if not ff.mentions(method, f".{attr}"):
             continue
         scope = ff.scope(method, callers=False)
         me = scope.self_name
+        if reassigned and scope.seeds.get(f"{me}.{attr}") != value:
+            continue
         for m in sorted(scope.mismatches, key=lambda m: m.site.lineno):  # type: ignore[attr-defined]
             held = dotted(_root(m.cpu_node)) or ""
-            if held == f"{me}.{attr}" or (
-                value.source is not None and m.cpu.source is value.source
+            if (
+                held == f"{me}.{attr}"
+                or m.attribute == f"{me}.{attr}"
+                or (value.source is not None and m.cpu.source is value.source)
             ):
                 via = f"; {m.path}" if m.path else ""
                 return method.name, f"line {m.site.lineno}{via}"  # type: ignore[attr-defined]
