@@ -47,8 +47,12 @@ import, acyclic since file_loops imports no scope or flow module). A call of ano
 project file's function (`from utils.progress import iterate_tqdm`, `utils.helper(x)`;
 through one re-exporting package `__init__`) is followed there the same way
 (`FileFlow.foreign_function`): its meetings are reported at the call, and its result
-is kept only where it is one of the values the call passes (`tqdm(it)` or `it`): what
-it makes names that file's lines.
+is one of the values the call passes (`tqdm(it)` or `it`), or a value it makes
+(`made_results.py`: followed with what the call passes, or, passing nothing informative,
+what it makes however it is called: `return model.to(get_device())`, loaders it builds,
+a dict of modules it moves), carried with `where` naming that file for messages
+(`Value.where_line`) and the caller's call as its node. A call passing nothing
+informative reads the other file's text first: a function moving nothing is not parsed.
 
 Values (`values.py`): a `Value` says what an expression holds: its `Kind` (module,
 tensor, batch from a loader, loader, parameters, device, container, ...), its `Place`
@@ -92,6 +96,9 @@ interpreters see the per-file objects above them only through protocols):
                   carries a CPU tensor attribute (and `self.step(x)` of a bound-method
                   attribute), calls followed into functions, statements with loops run
                   to a fixpoint
+- `made_results` what another file's function makes that its caller may hold (a module
+                  moved to a device its parameters do not choose, loaders, containers of
+                  such) and the text gate that spares files moving nothing
 - `file_index` < `flow_seeds` < `file_flow`   one file's functions and classes; the
                   seeding of parameters from call sites in the file and the project, and
                   of `self.x` (what `__init__` leaves; registered buffers, a base class's

@@ -7,9 +7,10 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.file_loops import project_file, sibling_file
+from torchdoctor.check.analysis.file_loops import project_file, sibling_path
 from torchdoctor.check.analysis.flow_seeds import FlowSeeds
 from torchdoctor.check.analysis.interfaces import ForeignMethod
+from torchdoctor.check.analysis.made_results import MAKERS, TextDefs, made_here, makes
 from torchdoctor.check.analysis.object_state import method_aliases, registered_buffers
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
@@ -56,7 +57,9 @@ class FileFlow(FlowSeeds):
         self._call_facts: dict[object, CallFacts | None] = {}
         self._call_budget = self.CALL_BUDGET
         self._calls_in_progress: set[ast.AST] = set()
-        self._foreign_functions: dict[str, tuple[FileFlow, AnyFunction] | None] = {}
+        self._foreign_functions: dict[tuple[str, bool], tuple[FileFlow, AnyFunction] | None] = {}
+        self._made: dict[AnyFunction, Value] = {}
+        self._unseeded: dict[AnyFunction, Value | None] = {}
         self._buffers: dict[ast.ClassDef, frozenset[str]] = {}
         self._aliases: dict[ast.ClassDef, dict[str, tuple[AnyFunction, ...]]] = {}
         self._alias_names: dict[ast.ClassDef, frozenset[str]] = {}
@@ -66,6 +69,8 @@ class FileFlow(FlowSeeds):
         self._scopes.clear()
         self._call_facts.clear()
         self._foreign_functions.clear()
+        self._made.clear()
+        self._unseeded.clear()
         self._buffers.clear()
         self._aliases.clear()
         self._alias_names.clear()
@@ -172,19 +177,24 @@ class FileFlow(FlowSeeds):
             return None
         return flow, method
 
-    def foreign_function(self, qual: str) -> ForeignMethod | None:
+    def foreign_function(self, qual: str, makers: bool = False) -> ForeignMethod | None:
         """The top-level function of another project file that the dotted name `qual`
         (a call's callee, imports resolved) means: `iterate_tqdm` after `from
         utils.print_utils import iterate_tqdm`, `utils.get_device` after `import utils`;
         a package `__init__` that re-exports it is followed once. With that file's
-        facts; None: not one (a library's function, a class, a name not found)."""
-        if qual in self._foreign_functions:
-            found = self._foreign_functions[qual]
+        facts; None: not one (a library's function, a class, a name not found).
+
+        `makers`: only a function whose text may make what `made_result` passes back
+        (judged on the file's text before it is parsed: a call that passes nothing
+        informative costs a text read at most)."""
+        key = (qual, makers)
+        if key in self._foreign_functions:
+            found = self._foreign_functions[key]
         else:
-            found = self._foreign_functions[qual] = self._find_function(qual)
+            found = self._foreign_functions[key] = self._find_function(qual, makers)
         return None if found is None else (_asked(found[0]), found[1])
 
-    def _find_function(self, qual: str) -> tuple[FileFlow, AnyFunction] | None:
+    def _find_function(self, qual: str, makers: bool) -> tuple[FileFlow, AnyFunction] | None:
         found: tuple[FileFlow, AnyFunction] | None = None
         ctx, target = self.ctx, qual
         for _ in range(2):  # the import, then one re-export in a package `__init__`
@@ -193,7 +203,10 @@ class FileFlow(FlowSeeds):
                 break  # `from . import f` (a package's own name), or a class
             if module.lstrip(".").rpartition(".")[2] not in _module_stems(ctx):
                 break  # no project file or package has that name: a library
-            other = sibling_file(ctx, module, by_tail=True)
+            path = sibling_path(ctx, module, by_tail=True)
+            if path is None or (makers and not makes(self.ctx.project.disk, path, last)):
+                break
+            other = project_file(ctx, path)
             if other is None:
                 break
             flow = file_flow(other.ctx)
@@ -206,6 +219,38 @@ class FileFlow(FlowSeeds):
                 break
             target = reexport
         return found
+
+    def made_result(self, func: AnyFunction) -> Value:
+        """What `func` makes and returns however it is called, for a caller in another
+        file (`made_results.made_here`): loaders it builds, a tensor or a module (or a
+        tuple, list or dict of modules) it puts on a device its parameters do not
+        choose (`return model.to(get_device())`); UNKNOWN otherwise."""
+        found = self._made.get(func)
+        if found is None:
+            found = self._made[func] = UNKNOWN  # a recursive function sees nothing
+            if self._may_make(func):
+                returned = self._unseeded_return(func)
+                if returned is not None:
+                    found = made_here(returned, func)
+            self._made[func] = found
+        return found
+
+    def _unseeded_return(self, func: AnyFunction) -> Value | None:
+        """What `func` returns analysed with its parameters unknown (once: both
+        `returned_tensor` and `made_result` read it)."""
+        if func in self._unseeded:
+            return self._unseeded[func]
+        found = self._unseeded[func] = None  # a recursive call sees nothing
+        found = self._unseeded[func] = ScopeFlow(self, func, seeds={}).returned
+        return found
+
+    def _may_make(self, func: AnyFunction) -> bool:
+        """The text gate of `made_result`: a top-level function that makes one or returns
+        what such a function of the file makes (`return create_model(cfg)`); a method
+        whose text holds a maker."""
+        if self.toplevel_functions.get(func.name) is func:
+            return self.ctx.shared("making", lambda ctx: TextDefs(ctx.source)).makes(func.name)
+        return self.mentions(func, *MAKERS) and self.mentions(func, "return")
 
     def returned_tensor(self, func: AnyFunction) -> Value:
         """What `func` returns, when that is a tensor it made on the CPU, a tensor it puts
@@ -223,14 +268,14 @@ class FileFlow(FlowSeeds):
             if self.mentions(func, "DataLoader(") and self.mentions(func, "return"):
                 # `train_loader, test_loader = load_data()`: loaders it builds
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
-                returned = ScopeFlow(self, func, seeds={}).returned
+                returned = self._unseeded_return(func)
                 if returned is not None and built_loaders(returned):
                     found = returned
             elif self.may_return_factory(func):
                 # no seeds: a factory's result does not depend on them, and seeding
                 # would analyse the callers, which are asking for this very summary
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
-                returned = ScopeFlow(self, func, seeds={}).returned
+                returned = self._unseeded_return(func)
                 if (
                     returned is not None
                     and returned.kind is Kind.TENSOR
@@ -242,7 +287,7 @@ class FileFlow(FlowSeeds):
                     found = returned
             elif self.mentions(func, ".to(", ".cuda(") and self.mentions(func, "return"):
                 self._returns[func] = UNKNOWN  # a recursive function sees nothing
-                returned = ScopeFlow(self, func, seeds={}).returned
+                returned = self._unseeded_return(func)
                 if returned is not None and moved_whatever_given(returned, func):
                     found = returned
             self._returns[func] = found

@@ -356,6 +356,13 @@ def record_dependency(path: str) -> None:
 def sibling_file(ctx: FileContext, module: str, by_tail: bool = False) -> FileLoops | None:
     """The analysed file a dotted import names, looked up beside the checked file (and,
     `by_tail`, the one project file whose path ends like it)."""
+    path = sibling_path(ctx, module, by_tail)
+    return project_file(ctx, path) if path is not None else None
+
+
+def sibling_path(ctx: FileContext, module: str, by_tail: bool = False) -> str | None:
+    """The path of the file `sibling_file` would analyse (not read: a caller may judge
+    its text first); recorded as a dependency when looked for beside the checked file."""
     level = len(module) - len(module.lstrip("."))
     parts = [p for p in module.lstrip(".").split(".") if p]
     if not parts or ctx.path in ("", "<stdin>"):
@@ -377,19 +384,44 @@ def sibling_file(ctx: FileContext, module: str, by_tail: bool = False) -> FileLo
                 if os.path.abspath(candidate) == os.path.abspath(ctx.path):
                     return None
                 record_dependency(candidate)
-                return _load_sibling(candidate, ctx)
+                return candidate
     if level or not by_tail:
         return None
-    found = _by_tail(ctx, parts)
-    return project_file(ctx, found) if found is not None else None
+    return _by_tail(ctx, parts)
 
 
 def _by_tail(ctx: FileContext, parts: list[str]) -> str | None:
     """The one project file whose path ends with the longest tail of `parts` (two parts
-    at least: `utils/metrics.py` for `pkg.utils.metrics`); None where two files match."""
+    at least: `utils/metrics.py` for `pkg.utils.metrics`); None where two files match.
+    Once per run and module: every file importing it asks the same."""
+    disk = ctx.project.disk
+    key = "by_tail:" + ".".join(parts)
+    if key not in disk:
+        stems = disk.get("paths_by_stem")
+        if not isinstance(stems, dict):
+            stems = disk["paths_by_stem"] = _paths_by_stem(ctx.project.paths)
+        disk[key] = _find_by_tail(stems.get(parts[-1], []), parts)
+    found = disk[key]
+    return found if isinstance(found, str) else None
+
+
+def _paths_by_stem(paths: frozenset[str]) -> dict[str, list[str]]:
+    """The project's paths by the module name they define (`metrics` for
+    `utils/metrics.py` and `metrics/__init__.py`)."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        if name == "__init__.py":
+            found.setdefault(folder.rpartition("/")[2], []).append(path)
+        elif name.endswith(".py"):
+            found.setdefault(name[:-3], []).append(path)
+    return found
+
+
+def _find_by_tail(paths: list[str], parts: list[str]) -> str | None:
     modules = {
         path: "/" + path.rsplit(".", 1)[0].removesuffix("/__init__")
-        for path in ctx.project.paths
+        for path in paths
         if f"/{path}".endswith((f"/{parts[-1]}.py", f"/{parts[-1]}/__init__.py"))
     }
     for start in range(len(parts) - 1):

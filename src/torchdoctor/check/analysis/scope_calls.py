@@ -7,6 +7,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.made_results import carried
 from torchdoctor.check.analysis.scope_self import ScopeSelf
 from torchdoctor.check.analysis.syntax import _is_static, dotted
 from torchdoctor.check.analysis.values import (
@@ -268,25 +269,21 @@ class ScopeCalls(ScopeSelf):
                 return UNKNOWN
             owner, defined = foreign
             returned = self._follow_call(node, defined, args, keywords, on_object=True, owner=owner)
-            return returned or UNKNOWN
+            if returned is None or _one_of(returned, [*args, *(v for _, v in keywords)]):
+                return returned or UNKNOWN
+            # made there (`self.net(obs.to(self.device))`): that file's lines and nodes
+            return carried(returned, os.path.basename(owner.ctx.path), node)
         base = _base_name(func)
         if (
             qual
             and base is not None
-            and any(informative(v) for v in (*args, *(v for _, v in keywords)))
             and base in self.ctx.imports
             and (self.env is None or base not in self.env)
             and base not in self.ff.toplevel_functions
         ):
-            # a function of another project file: followed there with what this passes
-            foreign_fn = self.ff.foreign_function(qual)
-            if foreign_fn is not None:
-                owner, defined = foreign_fn
-                returned = self._follow_call(node, defined, args, keywords, owner=owner)
-                # only what it hands back of what this call passes (`tqdm(it)` or `it`):
-                # what it makes names that file's lines and nodes
-                passed = [*args, *(v for _, v in keywords)]
-                return returned if returned is not None and _one_of(returned, passed) else UNKNOWN
+            found = self._foreign_call(node, qual, args, keywords, statement)
+            if found is not None:
+                return found
         on_self = self._self_call(node, args, keywords)
         if on_self is not None and on_self[0]:
             return on_self[1]  # `self.state_function(x)`: one of the bound methods it holds
@@ -299,11 +296,44 @@ class ScopeCalls(ScopeSelf):
             returned = self._follow_call(node, target, args, keywords, recv, on_object=on_object)
             if returned is None or returned is UNKNOWN:
                 returned = self.ff.returned_tensor(target)
+            if returned is UNKNOWN:
+                returned = self.ff.made_result(target)  # `return net.to(DEVICE)`
             if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
                 # the callee computes under the caller's no_grad: nothing it makes needs grad
                 returned = dataclasses.replace(returned, grad=False)
             return returned
         return UNKNOWN
+
+    def _foreign_call(
+        self,
+        node: ast.Call,
+        qual: str,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+        statement: bool,
+    ) -> Value | None:
+        """A call of another project file's function: followed there with what this
+        passes; it hands back one of those values (`tqdm(it)` or `it`), or what it makes
+        (`model.to(get_device())`), named with that file's lines (made_results.py).
+        None: no such function."""
+        passed = [*args, *(v for _, v in keywords)]
+        informed = any(informative(v) for v in passed)
+        if not informed and statement:
+            return None  # what it makes is dropped here: nothing to look up
+        foreign_fn = self.ff.foreign_function(qual, makers=not informed)
+        if foreign_fn is None:
+            return None
+        owner, defined = foreign_fn
+        returned = self._follow_call(node, defined, args, keywords, owner=owner)
+        if returned is not None and _one_of(returned, passed):
+            return returned
+        if returned is None or not informative(returned):
+            returned = owner.made_result(defined)
+        if not informative(returned):
+            return UNKNOWN
+        if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
+            returned = dataclasses.replace(returned, grad=False)
+        return carried(returned, os.path.basename(owner.ctx.path), node)
 
     def _follow_call(
         self,

@@ -171,7 +171,9 @@ class UnregisteredTensor(Rule):
         first: bool,
     ) -> None:
         method, line = user
-        made = f"made at line {value.line}" + (f" by `{value.name}`" if value.name else "")
+        made = f"made at {value.where_line(value.line)}" + (
+            f" by `{value.name}`" if value.name else ""
+        )
         if helper:
             made += f" in `{helper}`, which `__init__` runs"
         if value.default_of:  # `w if w is not None else torch.ones(n)`

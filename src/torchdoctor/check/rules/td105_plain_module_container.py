@@ -92,8 +92,8 @@ class PlainModuleContainer(Rule):
                 continue
             seen.add(attr)
             assigned = scope.value(stmt.value)
-            if assigned.kind is not Kind.CONTAINER:
-                continue
+            if assigned.kind is not Kind.CONTAINER or assigned.where:
+                continue  # (`where`: made by another file's function, not built here)
             final = scope.exit_env.get(f"{me}.{attr}")
             element = _module_element(final)
             if element is None:

@@ -214,7 +214,7 @@ def _since(held: Value) -> str:
     if held.name.startswith("output of"):
         return f" (the {held.name})" if held.output else f" (computed from the {held.name})"
     if held.device_line:
-        return f" (moved at line {held.device_line})"
+        return f" (moved at {held.where_line(held.device_line)})"
     return ""
 
 

@@ -74,9 +74,10 @@ class DataParallelNotOnDevice(Rule):
         inner = scope.value(call.args[0]) if call.args else None
         if inner is None:
             return
-        built = inner.line if inner.kind is Kind.MODULE and inner.fresh else None
+        built = inner.where_line(inner.line) if inner.kind is Kind.MODULE and inner.fresh else None
         if inner.kind is Kind.UNKNOWN:
-            built = self._built_here_unmoved(node, call.args[0])
+            line = self._built_here_unmoved(node, call.args[0])
+            built = f"line {line}" if line is not None else None
         if built is None:
             return
         if any(m.before.source is call and m.after.place is Place.DEVICE for m in scope.moves):
@@ -86,7 +87,7 @@ class DataParallelNotOnDevice(Rule):
         name = self.ctx.segment(call.args[0])
         self.report(
             call,
-            f"`{name}` (built at line {built}) is wrapped in `nn.DataParallel` but "
+            f"`{name}` (built at {built}) is wrapped in `nn.DataParallel` but "
             "never moved to `device_ids[0]`: the first forward fails with `module must "
             "have its parameters and buffers on device cuda:0`; move it with `.to(device)`",
         )

@@ -202,8 +202,8 @@ class BatchNotMoved(Rule):
         else:
             made = cpu.name or "a factory"
             what = (
-                f"{names} {'are' if plural else 'is'} created on the CPU at line {cpu.line} "
-                f"(`{made}` without `device=`) and"
+                f"{names} {'are' if plural else 'is'} created on the CPU at "
+                f"{cpu.where_line(cpu.line)} (`{made}` without `device=`) and"
             )
         dropped = ""
         if cpu.dropped_line:
