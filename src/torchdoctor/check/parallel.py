@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from torchdoctor.check.analysis.file_loops import recording_siblings
+from torchdoctor.check.analysis.module_paths import recording_siblings
 from torchdoctor.check.engine import RunOptions, check_text, syntax_error_finding
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rules_by_code

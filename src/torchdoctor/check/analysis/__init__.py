@@ -139,10 +139,11 @@ interpreters see the per-file objects above them only through protocols):
                   (what a callee leaves each model in, its evaluation runs, its training
                   steps, and its plain runs of a model it is given, which belong to the
                   caller's evaluation region and count as runs before the caller's backward())
+- `module_paths`  which project file a dotted module means (beside the file; on request,
+                  the one project file whose path ends like the dotted import:
+                  `ProjectIndex.paths`), and the files a check depended on
 - `loop_index` < `file_loops`   one file's training-loop facts, calls resolved to the
-                  file's functions and to sibling modules it imports (beside the file; on
-                  request, the one project file whose path ends like the dotted import:
-                  `ProjectIndex.paths`)
+                  file's functions and to sibling modules it imports (`module_paths`)
 - `class_calls`   methods looked up along a class's bases in the file (an inherited
                   method's `self.forward` is the subclass's), and the `self.m(...)` call
                   sites of a method with the class `self` is there

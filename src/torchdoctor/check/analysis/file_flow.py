@@ -7,10 +7,11 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.file_loops import project_file, sibling_path
+from torchdoctor.check.analysis.file_loops import project_file
 from torchdoctor.check.analysis.flow_seeds import FlowSeeds
 from torchdoctor.check.analysis.interfaces import ForeignMethod
 from torchdoctor.check.analysis.made_results import MAKERS, TextDefs, made_here, makes
+from torchdoctor.check.analysis.module_paths import sibling_path
 from torchdoctor.check.analysis.object_state import method_aliases, registered_buffers
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (

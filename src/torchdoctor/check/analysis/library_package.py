@@ -21,7 +21,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from torchdoctor.check.analysis.file_loops import record_dependency
+from torchdoctor.check.analysis.module_paths import record_dependency
 from torchdoctor.check.context import FileContext
 
 # Folders of a repository that hold code around the package, not the package.
