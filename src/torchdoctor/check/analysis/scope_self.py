@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.default_path import on_cpu
 from torchdoctor.check.analysis.scope_methods import ScopeMethods
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import accessed_value, dotted
 from torchdoctor.check.analysis.values import (
     UNKNOWN,
     AnyFunction,
@@ -262,15 +262,4 @@ def _carried(m: Mismatch, value: Value, key: str) -> bool:
         return True
     if m.attribute:
         return m.attribute == key
-    return m.via != "call" and dotted(_root(m.cpu_node)) == key
-
-
-def _root(node: ast.expr) -> ast.expr:
-    """`self.mem[:n].float()` -> `self.mem`."""
-    while True:
-        if isinstance(node, ast.Subscript):
-            node = node.value
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            node = node.func.value
-        else:
-            return node
+    return m.via != "call" and dotted(accessed_value(m.cpu_node)) == key

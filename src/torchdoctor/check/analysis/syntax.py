@@ -331,3 +331,15 @@ def dead_loop_rebinding(scope: ast.AST, call: ast.expr) -> bool:
         ):
             return False  # a closure may read it
     return True
+
+
+def accessed_value(node: ast.expr) -> ast.expr:
+    """The value an expression reads through subscripts and method calls:
+    `self.pe[:n].float()` -> `self.pe`."""
+    while True:
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            node = node.func.value
+        else:
+            return node

@@ -7,7 +7,7 @@ from typing import ClassVar
 from torchdoctor.check.analysis.default_path import default_text
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import accessed_value, dotted
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Place, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.tree_walk import walk
@@ -214,7 +214,7 @@ def _first_use(
         if reassigned and scope.seeds.get(f"{me}.{attr}") != value:
             continue
         for m in sorted(scope.mismatches, key=lambda m: m.site.lineno):  # type: ignore[attr-defined]
-            held = dotted(_root(m.cpu_node)) or ""
+            held = dotted(accessed_value(m.cpu_node)) or ""
             if (
                 held == f"{me}.{attr}"
                 or m.attribute == f"{me}.{attr}"
@@ -223,14 +223,3 @@ def _first_use(
                 via = f"; {m.path}" if m.path else ""
                 return method.name, f"line {m.site.lineno}{via}"  # type: ignore[attr-defined]
     return None
-
-
-def _root(node: ast.expr) -> ast.expr:
-    """`self.pe[:n].float()` -> `self.pe`."""
-    while True:
-        if isinstance(node, ast.Subscript):
-            node = node.value
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            node = node.func.value
-        else:
-            return node
