@@ -81,7 +81,6 @@ def _star_conventions(tree: ast.Module, aliases: dict[str, str]) -> dict[str, st
     return {name: STAR_CONVENTIONS[name] for name in wanted & used}
 
 
-# Statements with no statements inside (most of a file): nothing to look into
 # An identifier: it starts at a letter or underscore (`words` keeps "3d_conv" whole,
 # which still holds every needle that starts with a letter)
 IDENTIFIER = re.compile(r"[A-Za-z_]\w*")

@@ -62,7 +62,7 @@ def tune_gc() -> None:
 
     Parsing and analysis allocate millions of objects that form no cycles (syntax trees,
     facts): reference counting frees them when the file's context closes, and the cyclic
-    collector, run on its own timetable, only scans them again and again (about 8% of a
+    collector, run on its own timetable, only scans them again and again (2.4 s of a 45 s
     run on PyTorch's tree even with a 100,000-allocation threshold; measured: no garbage
     cycles left at the end of that run, the same peak RSS).
     """

@@ -88,8 +88,8 @@ def iter_children(node: ast.AST, *, operators: bool = True) -> list[ast.AST]:
     return children
 
 
-# Walks of whole statements (a function, a class, the module), which several rules and
-# analyses ask for again and again: kept until the file's context closes (`forget_walks`).
+# Walks of statements and of the module (a function or class is walked by several rules
+# and analyses): kept until the file's context closes (`forget_walks`).
 _WALKS: dict[ast.AST, list[ast.AST]] = {}
 
 
