@@ -92,6 +92,14 @@ _WORD_BYTES = bytes(
 )
 
 
+def words_of(text: str) -> frozenset[str]:
+    """Every run of word characters in `text` (ASCII ones, and any non-ASCII character),
+    found by C-level byte translation: twice as fast as `IDENTIFIER` on big files. Each
+    identifier of the code is one; "3d_conv" is kept whole."""
+    scanned = text.encode("utf-8", "surrogatepass").translate(_WORD_BYTES)
+    return frozenset(scanned.decode("utf-8", "surrogatepass").split())
+
+
 @functools.cache
 def _needle_plan(needle: str) -> tuple[str | None, bool]:
     """(the word of `needle` to look for among the file's words, or None; whether the
@@ -209,10 +217,7 @@ class FileContext:
         """Every word of the text, comments and strings included (one scan, shared by
         the trigger tests and the training-loop analysis)."""
         if self._words is None:
-            # every run of word characters (ASCII ones, and any non-ASCII character),
-            # found by C-level byte translation: twice as fast as the regex on big files
-            text = self.source.encode("utf-8", "surrogatepass").translate(_WORD_BYTES)
-            self._words = frozenset(text.decode("utf-8", "surrogatepass").split())
+            self._words = words_of(self.source)
         return self._words
 
     def holds(self, needle: str) -> bool:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.interfaces import FileWords
 from torchdoctor.check.analysis.names import FuncNode
-from torchdoctor.check.context import IDENTIFIER
+from torchdoctor.check.context import words_of
 from torchdoctor.check.tree_walk import child_statements, walk
 
 if TYPE_CHECKING:
@@ -64,11 +64,9 @@ class FunctionInfo:
         return isinstance(self.node, ast.Module)
 
     def identifiers(self) -> frozenset[str]:
-        """Every identifier in this function's text (one regex scan, cached)."""
+        """Every identifier in this function's text (`context.words_of`, cached)."""
         if self._identifiers is None:
-            self._identifiers = (
-                self.file.words() if self.is_module else frozenset(IDENTIFIER.findall(self.text))
-            )
+            self._identifiers = self.file.words() if self.is_module else words_of(self.text)
         return self._identifiers
 
     @property
