@@ -129,28 +129,13 @@ class FlowSeeds(FileIndex):
                 continue
             if module_class and value.kind in (Kind.MODULE, Kind.PARAMETER):
                 # registered: moves with the module, wherever it goes
-                value = Value(
-                    value.kind,
-                    Place.DEVICE,
-                    name=f"self.{attr}",
-                    device=f"self.{attr}",
-                    assumed=True,
-                    is_input=True,
-                    grad=value.kind is Kind.PARAMETER and value.grad,
-                    cls=value.cls,
-                )
+                grad = value.kind is Kind.PARAMETER and value.grad
+                value = _registered(attr, value.kind, grad=grad, cls=value.cls)
             seeds[f"{self_name}.{attr}"] = value
         if module_class:
             # registered buffers move with the module too (whatever `__init__` put there)
             for attr in self.buffers(cls) - others:
-                seeds[f"{self_name}.{attr}"] = Value(
-                    Kind.TENSOR,
-                    Place.DEVICE,
-                    name=f"self.{attr}",
-                    device=f"self.{attr}",
-                    assumed=True,
-                    is_input=True,
-                )
+                seeds[f"{self_name}.{attr}"] = _registered(attr, Kind.TENSOR)
         return seeds
 
     def _first_call_holds(
@@ -424,3 +409,18 @@ class FlowSeeds(FileIndex):
 
 def _is_staticmethod(func: AnyFunction) -> bool:
     return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)
+
+
+def _registered(attr: str, kind: Kind, *, grad: bool = False, cls: str = "") -> Value:
+    """`self.attr` registered with the module (a submodule, parameter or buffer): on the
+    module's device, wherever it goes."""
+    return Value(
+        kind,
+        Place.DEVICE,
+        name=f"self.{attr}",
+        device=f"self.{attr}",
+        assumed=True,
+        is_input=True,
+        grad=grad,
+        cls=cls,
+    )
