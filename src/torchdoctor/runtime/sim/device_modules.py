@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 Tensor = torch.Tensor
 
 
+# what the simulated GPUs report as their memory (an 80 GB card)
+_TOTAL_MEMORY = 80 * 1024**3
+
+
 def install(patches: Patches) -> None:
     _cuda_module(patches)
     _accelerator(patches)
@@ -84,13 +88,12 @@ def _cuda_module(patches: Patches) -> None:
     shared = _device_module_functions(patches)
     noop = shared.pop("noop")
     session = patches.session
-    total_memory = 80 * 1024**3
 
     class _Properties:
         def __init__(self, index: int) -> None:
             self.name = "torchdoctor virtual GPU"
             self.major, self.minor = 8, 0
-            self.total_memory = total_memory
+            self.total_memory = _TOTAL_MEMORY
             self.multi_processor_count = 108
             self.is_integrated = False
             self.is_multi_gpu_board = False
@@ -100,7 +103,7 @@ def _cuda_module(patches: Patches) -> None:
         def __repr__(self) -> str:
             return (
                 f"_CudaDeviceProperties(name='{self.name}', major=8, minor=0, "
-                f"total_memory={total_memory // 1024**2}MB, multi_processor_count=108)"
+                f"total_memory={_TOTAL_MEMORY // 1024**2}MB, multi_processor_count=108)"
             )
 
     class _Stream:
@@ -211,7 +214,7 @@ def _cuda_module(patches: Patches) -> None:
         "get_arch_list": lambda: ["sm_80"],
         "get_gencode_flags": lambda: "",
         "can_device_access_peer": lambda device, peer: True,
-        "mem_get_info": lambda device=None: (total_memory, total_memory),
+        "mem_get_info": lambda device=None: (_TOTAL_MEMORY, _TOTAL_MEMORY),
         "memory_summary": lambda device=None, abbreviated=False: (
             "torchdoctor: GPU memory is not simulated on this machine\n"
         ),
@@ -265,7 +268,7 @@ def _cuda_module(patches: Patches) -> None:
             "set_rng_state": noop,
             "current_allocated_memory": lambda: 0,
             "driver_allocated_memory": lambda: 0,
-            "recommended_max_memory": lambda: total_memory,
+            "recommended_max_memory": lambda: _TOTAL_MEMORY,
             "set_per_process_memory_fraction": noop,
             "Event": _Event,
         }
@@ -280,7 +283,6 @@ def _accelerator(patches: Patches) -> None:
     shared = _device_module_functions(patches)
     noop = shared.pop("noop")
     backend = patches.backend
-    total_memory = 80 * 1024**3
 
     fake = {
         "is_available": lambda: True,
@@ -296,7 +298,7 @@ def _accelerator(patches: Patches) -> None:
         "current_stream": lambda device=None: patches.stream_class(device),
         "set_stream": noop,
         "device_index": _current_device_class(patches),
-        "get_memory_info": lambda device=None: (total_memory, total_memory),
+        "get_memory_info": lambda device=None: (_TOTAL_MEMORY, _TOTAL_MEMORY),
         "get_device_capability": lambda device=None: {"major": 8, "minor": 0},
     }
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
