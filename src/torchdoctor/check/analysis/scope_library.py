@@ -17,6 +17,7 @@ from torchdoctor.check.analysis.torch_api import (
     DATA_PARALLEL,
     FACTORIES,
     IDENTITY_FUNCTIONS,
+    MODULE_RETURNING,
     LEGACY_CONSTRUCTORS,
     LIKE_FACTORIES,
     NUMPY_ARRAY_FACTORIES,
@@ -57,6 +58,8 @@ class ScopeLibrary(ScopeExprs):
         last = qual.rsplit(".", 1)[-1]
         if qual in IDENTITY_FUNCTIONS:
             return args[0] if args and args[0] is not UNKNOWN else None
+        if qual in MODULE_RETURNING:
+            return args[0] if args and args[0].kind is Kind.MODULE else None
         if qual.startswith("torch."):
             return self._torch_function(node, qual, last, args, keywords)
         if qual.startswith(NUMPY_CONVERTING_MODULES):
