@@ -97,6 +97,8 @@ def _subject(node: ast.expr) -> str | None:
 def default_text(param: str) -> str:
     """How a message says the default path: the caller leaves out a parameter, or an
     attribute keeps the None `__init__` gives it (no method has set it yet)."""
+    if param.startswith("$"):
+        return f"when the environment leaves `{param[1:]}` unset"
     if "." in param:
         return f"while `{param}` is still the None `__init__` sets"
     return f"when the caller leaves out `{param}`"

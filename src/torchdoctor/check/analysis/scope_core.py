@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.default_path import first_bindings, none_defaults, when_omitted
+from torchdoctor.check.analysis.env_defaults import ENV_WORDS, env_defaults, when_unset
 from torchdoctor.check.analysis.interfaces import FileFacts
 from torchdoctor.check.analysis.syntax import (
     _decorated_no_grad,
@@ -59,6 +60,7 @@ class ScopeCore:
         self._values: dict[ast.AST, Value] = {}
         self._none_defaults: frozenset[str] | None = None
         self._rebound: dict[str, int] | None = None  # first binding of each of those
+        self._env_reads: dict[str, tuple[str, int, object]] | None = None  # env_defaults
         self._mismatches: dict[tuple[int, int], Mismatch] = {}
         self.moves: list[Move] = []
         self.conversions: list[Conversion] = []  # tensors NumPy converts implicitly
@@ -121,7 +123,20 @@ class ScopeCore:
 
     def when_omitted(self, test: ast.expr) -> tuple[str, bool] | None:
         """(parameter, the test's truth) where the caller leaves out a None-default
-        parameter the scope has not rebound by then (analysis/default_path.py)."""
+        parameter the scope has not rebound by then (analysis/default_path.py), or
+        ("$VARIABLE", truth) where the environment leaves a variable unset
+        (analysis/env_defaults.py)."""
+        if self._env_reads is None:
+            found_reads: dict[str, tuple[str, int, object]] = {}
+            if any(w in self.ctx.source for w in ENV_WORDS) and any(
+                w in self.ff.text(self.node) for w in ENV_WORDS
+            ):
+                found_reads = env_defaults(self.node, self.ctx.qualname)
+            self._env_reads = found_reads
+        if self._env_reads:
+            unset = when_unset(test, self._env_reads)
+            if unset is not None:
+                return unset
         if self._none_defaults is None:
             self._none_defaults = none_defaults(self.node)
             if self.cls is not None and self.self_name and self.is_function:

@@ -4,6 +4,7 @@ import ast
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.default_path import default_text
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import dotted, lines_matching
@@ -225,6 +226,8 @@ class BatchNotMoved(Rule):
             message += f" ({first.path})"
         if first.later:  # the value the previous iteration left (fine on the first one)
             message += " on the loop's next iteration"
+        if cpu.default_of:  # `if level > 0: batch = batch.to(device)`, level unset
+            message += f" ({default_text(cpu.default_of)})"
         if cpu.kind is Kind.BATCH:
             message += f" without `.to({device})`"
         else:
