@@ -135,11 +135,16 @@ def keep_default_side(joined: Value, default_side: Value, param: str) -> Value:
 
 
 def keep_default_env(joined: Env, default_env: Env, param: str) -> Env:
-    """`joined` with each CPU value of the default's branch kept (see keep_default_side)."""
+    """`joined` with each CPU value of the default's branch kept (see keep_default_side),
+    and each loader of CPU batches (`if custom: loader = Custom(...) else: DataLoader`)."""
     for key, value in default_env.items():
-        if not on_cpu(value):
+        if not (on_cpu(value) or _cpu_loader(value)):
             continue
         before = joined.get(key)
-        if before is None or not on_cpu(before):
+        if before is None or not (on_cpu(before) or _cpu_loader(before)):
             joined[key] = marked(value, param)
     return joined
+
+
+def _cpu_loader(value: Value) -> bool:
+    return value.kind is Kind.LOADER and value.place is Place.CPU and not value.assumed

@@ -21,6 +21,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 
+from torchdoctor.check.analysis.builder_callers import builder_callers
 from torchdoctor.check.analysis.dropped_device import CudaDefault, cuda_default_classes
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.grad_contexts import (
@@ -235,6 +236,9 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             if any(f"{name}(" in source for name in index.self_moving)
             and _LOADER_ARGUMENT.search(source) is not None
         ]
+    if unmoved and count > 1:  # scripts holding a model another file's builder moved
+        passing = [f for f in unmoved if f not in candidates and _LOADER_ARGUMENT.search(f[1])]
+        candidates += builder_callers(index, passing)
     index.parameter_classes = index.subclasses_of(parameters)
     index.logit_losses = index.module_classes.intersection(logit_losses)
     if candidates and count > 1:  # a lone file sees its own calls directly

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.default_path import first_bindings, none_defaults, when_omitted
-from torchdoctor.check.analysis.env_defaults import ENV_WORDS, env_defaults, when_unset
+from torchdoctor.check.analysis.env_defaults import ENV_WORDS, EnvDefaults
 from torchdoctor.check.analysis.interfaces import FileFacts
 from torchdoctor.check.analysis.syntax import (
     _decorated_no_grad,
@@ -60,7 +60,7 @@ class ScopeCore:
         self._values: dict[ast.AST, Value] = {}
         self._none_defaults: frozenset[str] | None = None
         self._rebound: dict[str, int] | None = None  # first binding of each of those
-        self._env_reads: dict[str, tuple[str, int, object]] | None = None  # env_defaults
+        self._env_reads: EnvDefaults | bool | None = None  # (env_defaults.py)
         self._mismatches: dict[tuple[int, int], Mismatch] = {}
         self.moves: list[Move] = []
         self.conversions: list[Conversion] = []  # tensors NumPy converts implicitly
@@ -127,14 +127,13 @@ class ScopeCore:
         ("$VARIABLE", truth) where the environment leaves a variable unset
         (analysis/env_defaults.py)."""
         if self._env_reads is None:
-            found_reads: dict[str, tuple[str, int, object]] = {}
+            self._env_reads = False
             if any(w in self.ctx.source for w in ENV_WORDS) and any(
                 w in self.ff.text(self.node) for w in ENV_WORDS
             ):
-                found_reads = env_defaults(self.node, self.ctx.qualname)
-            self._env_reads = found_reads
-        if self._env_reads:
-            unset = when_unset(test, self._env_reads)
+                self._env_reads = EnvDefaults(self.node, self.ctx.qualname)
+        if isinstance(self._env_reads, EnvDefaults):
+            unset = self._env_reads.when_unset(test)
             if unset is not None:
                 return unset
         if self._none_defaults is None:

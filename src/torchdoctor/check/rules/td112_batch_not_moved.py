@@ -26,6 +26,8 @@ _LOADER_WORDS = ("loader", "Loader", "_dl", "batches")
 _FOR_IN_LOADER = re.compile(
     r"[ \t]*(?:async[ \t]+)?for[ \t](?>[^\r\n]*?\bin\b)[^\r\n]*?(?:loader|Loader|_dl\b|batches)"
 )
+# a `for` header that goes on past its line (`for i, batch in tqdm(` ... `loader)`)
+_FOR_OPEN = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\r\n]*\bin\b[^\r\n#]*[(\[,][ \t]*$")
 _NEXT_ITER = re.compile(r"next\(\s*iter\(")
 _FOR_IN_BATCHES = re.compile(r"[ \t]*(?:async[ \t]+)?for[ \t][^\r\n]*batch")
 _MOVES = (".to(", ".cuda(")
@@ -95,6 +97,9 @@ class BatchNotMoved(Rule):
         source = self.ctx.source
         line_of = self.ctx.line_of_offset
         strong = lines_matching(self.ctx, _LOADER_WORDS, _FOR_IN_LOADER)
+        holding = self.ctx.lines_holding(_LOADER_WORDS) if strong or "for" in source else []
+        if len(holding) > len(strong):
+            strong = sorted({*strong, *_continued_headers(self.ctx.lines, holding, strong)})
         if "next(" in source or "DataLoader(" in source:
             strong.extend(line_of(m.start()) for m in _NEXT_ITER.finditer(source))
             strong.extend(self.ctx.lines_holding(("DataLoader(",)))
@@ -233,6 +238,21 @@ class BatchNotMoved(Rule):
         else:
             message += f"; create {'them' if plural else 'it'} with `device={device}`"
         self.report(first.cpu_node, message)
+
+
+def _continued_headers(lines: list[str], holding: list[int], found: list[int]) -> list[int]:
+    """Of the lines `holding` a loader's name, those continuing a `for` header (black's
+    `for i, data in iterate_tqdm(` / `enumerate(loader), ...`): the header's line."""
+    headers = []
+    known = set(found)
+    for number in holding:
+        if number in known:
+            continue
+        for back in range(number - 1, max(number - 3, 0), -1):
+            if _FOR_OPEN.match(lines[back - 1]):
+                headers.append(back)
+                break
+    return headers
 
 
 def _same_value(a: Value, b: Value) -> bool:
