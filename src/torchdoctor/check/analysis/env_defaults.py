@@ -21,13 +21,22 @@ from __future__ import annotations
 import ast
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchdoctor.check.analysis.values import ScopeNode
 from torchdoctor.check.tree_walk import child_statements, walk
 
+if TYPE_CHECKING:
+    from torchdoctor.check.context import FileContext
+
 # What a scope's text must hold to read the environment (the gate: others pay nothing).
 ENV_WORDS = ("getenv", "environ")
+
+
+def reads_environment(ctx: FileContext) -> bool:
+    """Whether the file's text may read the environment (asked once per file)."""
+    return any(ctx.holds(w) for w in ENV_WORDS)
+
 
 _READS = frozenset({"os.getenv", "os.environ.get"})
 _CONVERSIONS: dict[str, Callable[[Any], Any]] = {

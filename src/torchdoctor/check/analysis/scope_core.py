@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.default_path import first_bindings, none_defaults, when_omitted
-from torchdoctor.check.analysis.env_defaults import ENV_WORDS, EnvDefaults
+from torchdoctor.check.analysis.env_defaults import ENV_WORDS, EnvDefaults, reads_environment
 from torchdoctor.check.analysis.interfaces import FileFacts
 from torchdoctor.check.analysis.syntax import (
     _decorated_no_grad,
@@ -128,7 +128,7 @@ class ScopeCore:
         (analysis/env_defaults.py)."""
         if self._env_reads is None:
             self._env_reads = False
-            if any(w in self.ctx.source for w in ENV_WORDS) and any(
+            if self.ctx.shared("env_words", reads_environment) and any(
                 w in self.ff.text(self.node) for w in ENV_WORDS
             ):
                 self._env_reads = EnvDefaults(self.node, self.ctx.qualname)
