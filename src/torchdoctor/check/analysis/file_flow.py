@@ -55,6 +55,7 @@ class FileFlow(FlowSeeds):
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
         self._scopes: dict[tuple[ast.AST, bool], ScopeFlow] = {}
+        self._deep_scopes: dict[tuple[ast.AST, bool], tuple[int, ScopeFlow]] = {}
         self._call_facts: dict[object, CallFacts | None] = {}
         self._call_budget = self.CALL_BUDGET
         self._calls_in_progress: set[ast.AST] = set()
@@ -68,6 +69,7 @@ class FileFlow(FlowSeeds):
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
         self._scopes.clear()
+        self._deep_scopes.clear()
         self._call_facts.clear()
         self._foreign_functions.clear()
         self._made.clear()
@@ -91,6 +93,9 @@ class FileFlow(FlowSeeds):
         found = self._scopes.get(key)
         if found is not None:
             return found
+        deep = self._deep_scopes.get(key) if depth else None
+        if deep is not None and deep[0] <= depth:
+            return deep[1]
         if node in self._in_progress or depth > self.MAX_SEED_DEPTH:
             # a call cycle, or too deep: analyse without call-site seeds, do not cache
             return ScopeFlow(self, node, seeds=self._seeds(node, depth, callers=False))
@@ -104,7 +109,12 @@ class FileFlow(FlowSeeds):
                 found = ScopeFlow(self, node, seeds=seeds)
         finally:
             self._in_progress.discard(node)
-        self._scopes[key] = found
+        if not depth:
+            self._scopes[key] = found
+        elif key not in self._deep_scopes or depth < self._deep_scopes[key][0]:
+            # seeded from callers' callers only so far: a rule's question (depth 0)
+            # analyses it again, not whichever depth asked first (order-independent)
+            self._deep_scopes[key] = (depth, found)
         return found
 
     def fresh_scope(self, node: AnyFunction, seeds: Env) -> ScopeFlow:
