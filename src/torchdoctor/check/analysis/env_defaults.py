@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchdoctor.check.analysis.values import ScopeNode
-from torchdoctor.check.tree_walk import child_statements, walk
+from torchdoctor.check.tree_walk import child_statements, walk, walk_lines
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 ENV_WORDS = ("getenv", "environ")
 
 
-def reads_environment(ctx: FileContext) -> bool:
-    """Whether the file's text may read the environment (asked once per file)."""
-    return any(ctx.holds(w) for w in ENV_WORDS)
+def environment_lines(ctx: FileContext) -> list[int]:
+    """The lines of the file that name the environment (asked once per file)."""
+    return ctx.lines_holding(ENV_WORDS) if any(ctx.holds(w) for w in ENV_WORDS) else []
 
 
 _READS = frozenset({"os.getenv", "os.environ.get"})
@@ -66,44 +66,74 @@ _UNKNOWN = None
 class EnvDefaults:
     """The tests of one scope that the default run decides (built on request)."""
 
-    def __init__(self, scope: ScopeNode, qualname: Callable[[ast.AST], str | None]) -> None:
+    def __init__(
+        self,
+        scope: ScopeNode,
+        qualname: Callable[[ast.AST], str | None],
+        text: Callable[[ast.AST], str],
+        env_lines: list[int],
+    ) -> None:
         self._qualname = qualname
+        self._text = text
         self._scope = scope
-        self._bindings: dict[str, list[ast.stmt]] = {}  # name -> nodes binding it
-        self._parents: dict[ast.stmt, ast.AST] = {}
-        self._nested: set[str] = set()  # names a nested def or class binds too
-        todo: list[tuple[ast.AST, list[ast.stmt]]] = [(scope, scope.body)]
-        while todo:  # the scope's statements, not those of nested defs and classes
-            parent, body = todo.pop()
-            for stmt in body:
-                self._parents[stmt] = parent
-                if isinstance(stmt, _NESTED):
-                    self._nested.update(
-                        n.id
-                        for n in walk(stmt)
-                        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
-                    )
-                    continue
-                todo.append((stmt, child_statements(stmt)))
-        for stmt in self._parents:
+        self._env_lines = env_lines  # the scope's lines that name the environment
+        self._env_names: set[str] | None = None
+        self._parents: dict[ast.stmt, ast.AST] | None = None
+        self._bindings: dict[str, list[ast.stmt] | None] = {}  # None: not known
+
+    def _assigned_on_env_lines(self) -> set[str]:
+        """Names assigned on a line that names the environment or under an `if` testing
+        it: the only ones a test may be decided by (the rest pay nothing)."""
+        if self._env_names is None:
+            names: set[str] = set()
+            for node in walk_lines(self._scope, self._env_lines):
+                # `n = int(os.getenv(...))`, and `if "N" in os.environ: n = 1`
+                block = [*node.body, *node.orelse] if isinstance(node, ast.If) else [node]
+                names.update(
+                    target.id
+                    for stmt in block
+                    if isinstance(stmt, ast.Assign)
+                    for target in stmt.targets
+                    if isinstance(target, ast.Name)
+                )
+            self._env_names = names
+        return self._env_names
+
+    def _statements(self) -> dict[ast.stmt, ast.AST]:
+        """Each statement of the scope (not of nested defs and classes) -> its parent."""
+        if self._parents is None:
+            self._parents = {}
+            todo: list[tuple[ast.AST, list[ast.stmt]]] = [(self._scope, self._scope.body)]
+            while todo:
+                parent, body = todo.pop()
+                for stmt in body:
+                    self._parents[stmt] = parent
+                    if not isinstance(stmt, _NESTED):
+                        todo.append((stmt, child_statements(stmt)))
+        return self._parents
+
+    def _bindings_of(self, name: str) -> list[ast.stmt] | None:
+        """The statements binding `name` in source order; None where a nested def or
+        class binds it too (it may run between them)."""
+        if name in self._bindings:
+            return self._bindings[name]
+        binding: list[ast.stmt] = []
+        found: list[ast.stmt] | None = binding
+        for stmt in self._statements():
             if isinstance(stmt, _NESTED):
-                self._bind(stmt.name, stmt)
-                continue
-            if isinstance(stmt, ast.Global | ast.Nonlocal):
-                for name in stmt.names:
-                    self._bind(name, stmt)
-                continue
-            for part in _own_nodes(stmt):
-                if isinstance(part, ast.Name) and not isinstance(part.ctx, ast.Load):
-                    self._bind(part.id, stmt)
-
-        for stmts in self._bindings.values():
-            stmts.sort(key=lambda s: (s.lineno, s.col_offset))
-
-    def _bind(self, name: str, stmt: ast.stmt) -> None:
-        found = self._bindings.setdefault(name, [])
-        if stmt not in found:
-            found.append(stmt)
+                if stmt.name == name:
+                    binding.append(stmt)
+                elif name in self._text(stmt) and any(_binds(n, name) for n in walk(stmt)):
+                    found = None
+                    break
+            elif isinstance(stmt, ast.Global | ast.Nonlocal):
+                if name in stmt.names:
+                    binding.append(stmt)
+            elif any(_binds(part, name) for part in _own_nodes(stmt)):
+                binding.append(stmt)
+        binding.sort(key=lambda s: (s.lineno, s.col_offset))
+        self._bindings[name] = found
+        return found
 
     def when_unset(self, test: ast.expr) -> tuple[str, bool] | None:
         """("$VARIABLE", the test's truth) in the default run, if that decides `test`."""
@@ -189,12 +219,14 @@ class EnvDefaults:
     def _name_value(self, use: ast.Name) -> Known | None:
         """The value of a local name at `use` in the default run: the last of its
         bindings before `use` that the default run executes."""
-        name = use.id
-        if name in self._nested:
+        if use.id not in self._assigned_on_env_lines():
+            return _UNKNOWN
+        bindings = self._bindings_of(use.id)
+        if bindings is None:
             return _UNKNOWN
         variable = ""  # the variable an `if` around a skipped or run binding reads
         found: Known | None = _UNKNOWN
-        for stmt in self._bindings.get(name, ()):
+        for stmt in bindings:
             if stmt.lineno >= use.lineno:
                 return _UNKNOWN  # bound after (a loop may run it first): not decided
             if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
@@ -220,7 +252,8 @@ class EnvDefaults:
         around_use = self._ancestors(use)
         variable = ""
         child: ast.AST = stmt
-        parent = self._parents.get(stmt)
+        parents = self._statements()
+        parent = parents.get(stmt)
         while parent is not None and parent not in around_use:
             if isinstance(parent, _LOOPS_AND_TRIES) or not isinstance(parent, ast.If):
                 return _UNKNOWN
@@ -230,7 +263,7 @@ class EnvDefaults:
             variable = variable or decided[0]
             if bool(decided[1]) != (child in parent.body):
                 return variable, False
-            child, parent = parent, self._parents.get(parent)  # type: ignore[arg-type]
+            child, parent = parent, parents.get(parent)  # type: ignore[call-overload]
         if parent is None or parent is self._scope:
             return variable, True
         # around both: the same block of it, or `if` branches that exclude each other
@@ -244,7 +277,7 @@ class EnvDefaults:
         """The compound statements around `node` (those spanning its line), and the scope."""
         line = node.lineno  # type: ignore[attr-defined]
         found: set[ast.AST] = {self._scope}
-        for stmt in self._parents:
+        for stmt in self._statements():
             if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno) and child_statements(stmt):
                 found.add(stmt)
         return found
@@ -260,6 +293,10 @@ def _block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt]:
         if child in holder.body:
             return list(holder.body)
     return []
+
+
+def _binds(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load)
 
 
 def _own_nodes(stmt: ast.stmt) -> list[ast.AST]:

@@ -56,6 +56,7 @@ class FileFlow(FlowSeeds):
         super().__init__(ctx)
         self._scopes: dict[tuple[ast.AST, bool], ScopeFlow] = {}
         self._deep_scopes: dict[tuple[ast.AST, bool], tuple[int, ScopeFlow]] = {}
+        self._cut_off = 0  # scopes the depth limit left unseeded (counted)
         self._call_facts: dict[object, CallFacts | None] = {}
         self._call_budget = self.CALL_BUDGET
         self._calls_in_progress: set[ast.AST] = set()
@@ -95,10 +96,13 @@ class FileFlow(FlowSeeds):
             return found
         deep = self._deep_scopes.get(key) if depth else None
         if deep is not None and deep[0] <= depth:
+            self._cut_off += 1  # (what it was seeded from was cut off)
             return deep[1]
         if node in self._in_progress or depth > self.MAX_SEED_DEPTH:
             # a call cycle, or too deep: analyse without call-site seeds, do not cache
+            self._cut_off += depth > self.MAX_SEED_DEPTH
             return ScopeFlow(self, node, seeds=self._seeds(node, depth, callers=False))
+        cut_off = self._cut_off
         self._in_progress.add(node)
         try:
             seeds = self._seeds(node, depth, callers)
@@ -109,11 +113,12 @@ class FileFlow(FlowSeeds):
                 found = ScopeFlow(self, node, seeds=seeds)
         finally:
             self._in_progress.discard(node)
-        if not depth:
+        if not depth or self._cut_off == cut_off:
             self._scopes[key] = found
         elif key not in self._deep_scopes or depth < self._deep_scopes[key][0]:
-            # seeded from callers' callers only so far: a rule's question (depth 0)
-            # analyses it again, not whichever depth asked first (order-independent)
+            # asked for a callee's seeds, its callers' callers too deep to seed it: a
+            # rule's question (depth 0) analyses it again, so its facts do not depend on
+            # which rule asked first
             self._deep_scopes[key] = (depth, found)
         return found
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.default_path import first_bindings, none_defaults, when_omitted
-from torchdoctor.check.analysis.env_defaults import ENV_WORDS, EnvDefaults, reads_environment
+from torchdoctor.check.analysis.env_defaults import EnvDefaults, environment_lines
 from torchdoctor.check.analysis.interfaces import FileFacts
 from torchdoctor.check.analysis.syntax import (
     _decorated_no_grad,
@@ -128,10 +128,12 @@ class ScopeCore:
         (analysis/env_defaults.py)."""
         if self._env_reads is None:
             self._env_reads = False
-            if self.ctx.shared("env_words", reads_environment) and any(
-                w in self.ff.text(self.node) for w in ENV_WORDS
-            ):
-                self._env_reads = EnvDefaults(self.node, self.ctx.qualname)
+            lines = self.ctx.shared("env_lines", environment_lines)
+            if not isinstance(self.node, ast.Module):
+                end = self.node.end_lineno or self.node.lineno
+                lines = [n for n in lines if self.node.lineno <= n <= end]
+            if lines:
+                self._env_reads = EnvDefaults(self.node, self.ctx.qualname, self.ff.text, lines)
         if isinstance(self._env_reads, EnvDefaults):
             unset = self._env_reads.when_unset(test)
             if unset is not None:
