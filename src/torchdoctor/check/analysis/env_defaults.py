@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchdoctor.check.analysis.values import ScopeNode
-from torchdoctor.check.tree_walk import child_statements, walk, walk_lines
+from torchdoctor.check.tree_walk import child_statements, walk_lines
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -70,11 +70,11 @@ class EnvDefaults:
         self,
         scope: ScopeNode,
         qualname: Callable[[ast.AST], str | None],
-        text: Callable[[ast.AST], str],
+        lines_holding: Callable[[str], list[int]],
         env_lines: list[int],
     ) -> None:
         self._qualname = qualname
-        self._text = text
+        self._lines_holding = lines_holding  # the file's lines holding a text
         self._scope = scope
         self._env_lines = env_lines  # the scope's lines that name the environment
         self._env_names: set[str] | None = None
@@ -112,6 +112,24 @@ class EnvDefaults:
                         todo.append((stmt, child_statements(stmt)))
         return self._parents
 
+    def _lines_naming(self, name: str) -> list[int]:
+        lines = self._lines_holding(name)
+        if isinstance(self._scope, ast.Module):
+            return lines
+        end = self._scope.end_lineno or self._scope.lineno
+        return [n for n in lines if self._scope.lineno <= n <= end]
+
+    def _innermost(self, line: int) -> ast.stmt | None:
+        """The innermost statement of the scope (a nested def or class as a whole)
+        spanning `line`."""
+        found: ast.stmt | None = None
+        for stmt in self._statements():
+            if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno) and (
+                found is None or stmt.lineno >= found.lineno
+            ):
+                found = stmt
+        return found
+
     def _bindings_of(self, name: str) -> list[ast.stmt] | None:
         """The statements binding `name` in source order; None where a nested def or
         class binds it too (it may run between them)."""
@@ -119,17 +137,20 @@ class EnvDefaults:
             return self._bindings[name]
         binding: list[ast.stmt] = []
         found: list[ast.stmt] | None = binding
-        for stmt in self._statements():
-            if isinstance(stmt, _NESTED):
-                if stmt.name == name:
-                    binding.append(stmt)
-                elif name in self._text(stmt) and any(_binds(n, name) for n in walk(stmt)):
-                    found = None
-                    break
-            elif isinstance(stmt, ast.Global | ast.Nonlocal):
-                if name in stmt.names:
-                    binding.append(stmt)
-            elif any(_binds(part, name) for part in _own_nodes(stmt)):
+        statements = self._statements()
+        for node in walk_lines(self._scope, self._lines_naming(name)):
+            if isinstance(node, (*_NESTED, ast.Global, ast.Nonlocal)):
+                named = [node.name] if isinstance(node, _NESTED) else node.names
+                if name in named and node in statements:
+                    binding.append(node)
+                continue
+            if not _binds(node, name):
+                continue
+            stmt = self._innermost(node.lineno)  # type: ignore[attr-defined]
+            if stmt is None or isinstance(stmt, _NESTED):
+                found = None  # bound inside a nested def or class: may run in between
+                break
+            if stmt not in binding:
                 binding.append(stmt)
         binding.sort(key=lambda s: (s.lineno, s.col_offset))
         self._bindings[name] = found
