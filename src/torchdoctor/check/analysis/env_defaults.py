@@ -70,7 +70,7 @@ class EnvDefaults:
         self,
         scope: ScopeNode,
         qualname: Callable[[ast.AST], str | None],
-        lines_holding: Callable[[str], list[int]],
+        lines_holding: Callable[[tuple[str, ...]], list[int]],
         env_lines: list[int],
     ) -> None:
         self._qualname = qualname
@@ -113,7 +113,7 @@ class EnvDefaults:
         return self._parents
 
     def _lines_naming(self, name: str) -> list[int]:
-        lines = self._lines_holding(name)
+        lines = self._lines_holding((name,))
         if isinstance(self._scope, ast.Module):
             return lines
         end = self._scope.end_lineno or self._scope.lineno

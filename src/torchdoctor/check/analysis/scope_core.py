@@ -133,9 +133,8 @@ class ScopeCore:
                 end = self.node.end_lineno or self.node.lineno
                 lines = [n for n in lines if self.node.lineno <= n <= end]
             if lines:
-                self._env_reads = EnvDefaults(
-                    self.node, self.ctx.qualname, lambda t: self.ctx.lines_holding((t,)), lines
-                )
+                ctx = self.ctx  # (no closure over the scope: no reference cycle)
+                self._env_reads = EnvDefaults(self.node, ctx.qualname, ctx.lines_holding, lines)
         if isinstance(self._env_reads, EnvDefaults):
             unset = self._env_reads.when_unset(test)
             if unset is not None:
