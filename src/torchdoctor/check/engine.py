@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.file_loops import parsed_tree
 from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings, matches
 from torchdoctor.check.context import FileContext
@@ -121,7 +122,7 @@ def check_source(
         rules = [r for r in rules if r.code not in file_noqa]
     try:
         if tree is None:
-            tree = parse_module(source, path)
+            tree = parsed_tree(path, source) or parse_module(source, path)
     except SyntaxError as exc:
         return [
             syntax_error_finding(

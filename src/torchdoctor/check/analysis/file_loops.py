@@ -366,11 +366,32 @@ def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:
         except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
             result = None
     _SIBLINGS[key] = result
+    if result is not None:
+        _PARSED[os.path.abspath(path)] = result
     if len(_SIBLINGS) > _SIBLING_LIMIT:
         evicted = _SIBLINGS.popitem(last=False)[1]
         if evicted is not None:
             _EVICTED.append(evicted)
+            where = os.path.abspath(evicted.ctx.path)
+            if _PARSED.get(where) is evicted:
+                del _PARSED[where]
     return result
+
+
+# The siblings held (above) by absolute path: a file the run checks after it was read
+# as a sibling takes the tree already parsed (`parsed_tree`) instead of parsing again.
+_PARSED: dict[str, FileLoops] = {}
+
+
+def parsed_tree(path: str, source: str) -> ast.Module | None:
+    """The syntax tree of `source` at `path` if a sibling read parsed that same text (the
+    analyses only read trees, so one tree serves the sibling and the checked file)."""
+    if not _PARSED:
+        return None
+    loaded = _PARSED.get(os.path.abspath(path))
+    if loaded is None or loaded.ctx.source != source:
+        return None
+    return loaded.ctx.tree
 
 
 def analysis(ctx: FileContext) -> FileLoops:
