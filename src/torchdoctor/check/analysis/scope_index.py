@@ -47,6 +47,13 @@ def _every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
     return found
 
 
+def scope_nodes(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
+    """`own_nodes(ctx, scope)`, for a caller that asks of few scopes: from the index if
+    a rule has built it, else the scope's own walk (not a walk of the whole file)."""
+    index = ctx.built("scope_index.scopes")
+    return index[id(scope)] if isinstance(index, dict) else _own_walk(scope)
+
+
 def _own_walk(scope: ast.AST) -> list[ast.AST]:
     """`own_nodes(ctx, scope)` of one scope, found without indexing the whole file: the
     same nodes in the same order (`_every_scope`'s walk, which, entering a nested
@@ -149,10 +156,7 @@ def assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign |
     found = cache.get(id(scope))
     if found is None:
         found = cache[id(scope)] = {}
-        # (the scope's own walk, not the file's index: a rule asks of few scopes)
-        index = ctx.built("scope_index.scopes")
-        nodes = index[id(scope)] if isinstance(index, dict) else _own_walk(scope)
-        for node in nodes:
+        for node in scope_nodes(ctx, scope):
             if isinstance(node, ast.Assign):
                 targets = node.targets
             elif isinstance(node, ast.AnnAssign) and node.value is not None:
