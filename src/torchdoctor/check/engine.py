@@ -21,7 +21,13 @@ from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
 from torchdoctor.check.source_text import decode_source
-from torchdoctor.check.tree_walk import OPERATOR_TYPES, STATEMENTS, child_fields, spans_a_line
+from torchdoctor.check.tree_walk import (
+    HOLDS_STATEMENTS,
+    OPERATOR_TYPES,
+    STATEMENTS,
+    child_fields,
+    spans_a_line,
+)
 
 if TYPE_CHECKING:
     from torchdoctor.check.notebook import Notebook
@@ -222,7 +228,8 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
                 elif value.__class__ not in skip:
                     children.append(value)  # type: ignore[arg-type]  # a node: see `skip`
             if children:
-                if lines is not None:  # leave out the statements no visitor can report in
+                # leave out the statements no visitor can report in
+                if lines is not None and cls in HOLDS_STATEMENTS:
                     children = [
                         c
                         for c in children
