@@ -14,6 +14,7 @@ from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.grad_contexts import _MISSING, _MODE_SENSITIVE, post_order_calls
 from torchdoctor.check.analysis.loop_index import LoopIndex
 from torchdoctor.check.analysis.mode_class import held_models
+from torchdoctor.check.analysis.mode_gate import may_run_model
 from torchdoctor.check.analysis.mode_state import ModeResult, Origin, Summary
 from torchdoctor.check.analysis.modes import ModeInterpreter
 from torchdoctor.check.analysis.module_paths import record_dependency, sibling_path
@@ -44,6 +45,7 @@ class FileLoops(LoopIndex):
         self._held: dict[int, dict[str, Origin]] = {}
         self._overrides: dict[tuple[str, str], FunctionInfo | None] = {}
         self._assigned: dict[str, list[str]] | None = None
+        self._may_run: dict[int, bool] = {}
 
     def release(self) -> None:
         """Break the cycles (each function refers to this file, callers to callees,
@@ -278,6 +280,11 @@ class FileLoops(LoopIndex):
             cached = ModeInterpreter(self, fi, entry=not fi.is_module).run()
             self._modes[id(fi)] = cached
         return cached
+
+    def may_run_model(self, fi: FunctionInfo) -> bool:
+        """False only if `modes(fi)` certainly holds no model run and no training step
+        (analysis/mode_gate.py): a cheap test read before interpreting `fi`."""
+        return may_run_model(self, fi, self._may_run)
 
     def held_models(self, cls: ast.ClassDef) -> dict[str, Origin]:
         """Models a plain class builds in `__init__` and whose mode nothing changes."""
