@@ -31,3 +31,18 @@ def test_gate_never_rules_out_a_function_with_runs_or_steps() -> None:
                 ruled_out += 1
     # the fixtures hold both kinds: the test sees the gate let runs through and skip others
     assert with_runs > 50 and ruled_out > 50
+
+
+def test_mode_calls_finds_what_the_mode_call_regex_finds() -> None:
+    from torchdoctor.check.analysis.grad_contexts import _MODE_CALL
+    from torchdoctor.check.analysis.loop_index import mode_calls
+
+    odd = [
+        "a.eval()\n3.x.eval()\né.x.eval()\nééé.eval()\na.eval().train()\n1a.eval()\n",
+        "x.train(mode=y.eval())\nm._b.c.train( False )\n..eval()\na..b.train(True)\n",
+        "x=__.eval()\nab.train(mode = z)\nnet.train(flag)\nnet.train(1 + 2)\n",
+    ]
+    fixtures = (Path(__file__).parent / "fixtures").rglob("*.py")
+    for source in [*odd, *(p.read_text(encoding="utf-8") for p in fixtures)]:
+        expected = {(m.group(1), m.group(2)) for m in _MODE_CALL.finditer(source)}
+        assert set(mode_calls(source)) == expected
