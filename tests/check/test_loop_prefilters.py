@@ -1,5 +1,6 @@
-"""analysis/mode_gate.py: a function it rules out must have no model run and no training
-step in the mode interpreter's result (it is a necessary condition, never a guess)."""
+"""Cheap tests the training-loop rules read first must answer as the work they stand for:
+analysis/mode_gate.py rules out only functions the mode interpreter finds no model run and
+no training step in; the needle scans answer as the regexes they replace."""
 
 from __future__ import annotations
 
@@ -46,3 +47,22 @@ def test_mode_calls_finds_what_the_mode_call_regex_finds() -> None:
     for source in [*odd, *(p.read_text(encoding="utf-8") for p in fixtures)]:
         expected = {(m.group(1), m.group(2)) for m in _MODE_CALL.finditer(source)}
         assert set(mode_calls(source)) == expected
+
+
+def test_store_line_scan_answers_as_the_store_regex() -> None:
+    from torchdoctor.check.rules._kept_by_callers import _STORE, has_store_line
+
+    odd = [
+        "  a[b] = c",
+        "\n  a[b] = c\r",
+        "a[b]=c\n  x[y]\t=\tz # ]= c\n",
+        "\r\n\tq[1]=w#\n",
+        "  a[b] = c d\n",
+        "  a[b]] = c\n",
+        "x\n a[b] =c\r\n",
+        "  a[b\n] = c\n",
+        "  a[b] == c\n",
+    ]
+    fixtures = (Path(__file__).parent / "fixtures").rglob("*.py")
+    for source in [*odd, *(p.read_text(encoding="utf-8") for p in fixtures)]:
+        assert has_store_line(source) == (_STORE.search(source) is not None), source[:60]
