@@ -247,7 +247,7 @@ class FileLoops(LoopIndex):
         found = self._backward_params.get(id(fi))
         if found is None:
             found = frozenset()
-            if not fi.is_module and "backward(" in fi.text:
+            if not fi.is_module and _may_call_backward(fi.text, fi.name):
                 params = set(fi.params())
                 names: set[str] = set()
                 for stmt in fi.own_statements():
@@ -314,6 +314,12 @@ class FileLoops(LoopIndex):
             return self if os.path.abspath(path) == here else project_file(self.ctx, path)
 
         return sole_override(fi, self.ctx.project, load, self._overrides)
+
+
+def _may_call_backward(text: str, name: str) -> bool:
+    """`backward(` in a function's text, and the word after its name (a `def backward(`
+    line alone holds no call; an attribute call has the word whatever spaces follow)."""
+    return "backward(" in text and text.find("backward", text.find(name) + len(name)) >= 0
 
 
 def file_of(fi: FunctionInfo) -> FileLoops:
