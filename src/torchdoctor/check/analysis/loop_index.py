@@ -22,7 +22,7 @@ from torchdoctor.check.analysis.names import (
 )
 from torchdoctor.check.analysis.syntax import dotted, last_part
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import child_statements, walk
+from torchdoctor.check.tree_walk import _SIMPLE_STATEMENTS, child_statements, walk
 
 if TYPE_CHECKING:
     pass
@@ -86,6 +86,8 @@ class LoopIndex:
         todo = list(reversed(stmts))  # a stack: statements come off in source order
         while todo:
             stmt = todo.pop()
+            if stmt.__class__ in _SIMPLE_STATEMENTS:
+                continue  # most statements: nothing nested (one set lookup)
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
                 info = FunctionInfo(self, stmt, stmt.name, cls, parent)
                 self.functions.append(info)
