@@ -152,19 +152,29 @@ class InplaceOnSavedTensor(Rule):
                             methods.append((ctx, m, node is cls))
             # Summaries first: which methods return a value that needs grad
             # (`self.encode(x)` is then followed like a layer's output).
+            # The findings of the class's own methods are those of the pass that changes
+            # nothing (it sees the final summaries): kept from it, not walked again.
             returns_grad: set[str] = set()
+            found: list[tuple[ast.AST, str, str]] = []
             for _ in range(4):
                 before = len(returns_grad)
-                for ctx, method, _own in methods:
-                    walker = _Method(self, ctx, layers, returns_grad, report=False)
+                found = []
+                for ctx, method, own in methods:
+                    walker = _Method(self, ctx, layers, returns_grad, found if own else None)
                     walker.block(method.body, _State(), False)
                     if walker.returns_grad:
                         returns_grad.add(method.name)
                 if len(returns_grad) == before:
                     break
-            for ctx, method, own in methods:
-                if own:
-                    _Method(self, ctx, layers, returns_grad).block(method.body, _State(), False)
+            else:
+                found = []
+                for ctx, method, own in methods:
+                    if own:
+                        _Method(self, ctx, layers, returns_grad, found).block(
+                            method.body, _State(), False
+                        )
+            for where, message, hint in found:
+                self.report(where, message, hint=hint)
 
     def _may_write_in_place(self, cls: ast.ClassDef) -> bool:
         """Whether a method this rule reports in (not `__init__`) may write in place: its
@@ -237,14 +247,13 @@ class _Method:
         ctx: FileContext,
         layers: dict[str, str],
         grad_methods: set[str],
-        *,
-        report: bool = True,
+        found: list[tuple[ast.AST, str, str]] | None,
     ) -> None:
         self.rule = rule
         self.ctx = ctx  # the file the method is in (a base class may be in another)
         self.layers = layers
         self.grad_methods = grad_methods  # methods of the class that return grad values
-        self.reporting = report
+        self.found = found  # (node, message, hint) of each finding; None: none kept
         self.returns_grad = False
         self.reported: set[int] = set()
 
@@ -450,7 +459,7 @@ class _Method:
         if saved is None or line in self.reported:
             return
         self.reported.add(line)
-        if not self.reporting:
+        if self.found is None:
             return
         text = self.ctx.segment(node)
         if len(text) > 50:
@@ -466,8 +475,10 @@ class _Method:
                 f"{saved[1]}): `backward()` raises 'one of the variables needed for "
                 "gradient computation has been modified by an inplace operation'"
             )
-        self.rule.report(
-            node,
-            f"`{text}` modifies `{name}` in place, but {consequence}",
-            hint=f"compute a new tensor instead (`{name} = {name} + ...`)",
+        self.found.append(
+            (
+                node,
+                f"`{text}` modifies `{name}` in place, but {consequence}",
+                f"compute a new tensor instead (`{name} = {name} + ...`)",
+            )
         )
