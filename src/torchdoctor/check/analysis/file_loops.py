@@ -13,7 +13,7 @@ from torchdoctor.check.analysis.events import BACKWARD, CALL, SCALER_STEP, STEP,
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.grad_contexts import _MISSING, _MODE_SENSITIVE, post_order_calls
 from torchdoctor.check.analysis.loop_index import LoopIndex
-from torchdoctor.check.analysis.mode_class import held_models
+from torchdoctor.check.analysis.mode_class import held_models, init_helpers
 from torchdoctor.check.analysis.mode_gate import may_run_model
 from torchdoctor.check.analysis.mode_state import ModeResult, Origin, Summary
 from torchdoctor.check.analysis.modes import ModeInterpreter
@@ -46,6 +46,7 @@ class FileLoops(LoopIndex):
         self._overrides: dict[tuple[str, str], FunctionInfo | None] = {}
         self._assigned: dict[str, list[str]] | None = None
         self._may_run: dict[int, bool] = {}
+        self._construction: dict[int, tuple[FunctionInfo | None, frozenset[str]]] = {}
 
     def release(self) -> None:
         """Break the cycles (each function refers to this file, callers to callees,
@@ -285,6 +286,16 @@ class FileLoops(LoopIndex):
         """False only if `modes(fi)` certainly holds no model run and no training step
         (analysis/mode_gate.py): a cheap test read before interpreting `fi`."""
         return may_run_model(self, fi, self._may_run)
+
+    def construction(self, cls: ast.ClassDef) -> tuple[FunctionInfo | None, frozenset[str]]:
+        """The class's `__init__` and the methods that run while it is built (its name and
+        those `__init__` calls on `self`: `mode_class.init_helpers`)."""
+        found = self._construction.get(id(cls))
+        if found is None:
+            methods = [f for f in self.all_functions() if f.cls is cls]
+            init = next((m for m in methods if m.name == "__init__"), None)
+            found = self._construction[id(cls)] = (init, init_helpers(methods))
+        return found
 
     def held_models(self, cls: ast.ClassDef) -> dict[str, Origin]:
         """Models a plain class builds in `__init__` and whose mode nothing changes."""

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.event_collector import _is_try
 from torchdoctor.check.analysis.grad_contexts import post_order_calls
-from torchdoctor.check.analysis.mode_class import init_helpers
 from torchdoctor.check.analysis.mode_state import chain_root
 from torchdoctor.check.analysis.overrides import is_abstract
 from torchdoctor.check.analysis.syntax import dotted
@@ -44,9 +43,15 @@ def _may_run(fl: FileLoops, fi: FunctionInfo, cache: dict[int, bool]) -> bool:
     ctx = fl.ctx
     self_model = fi.cls is not None and ctx.is_module_class(fi.cls)
     if not fi.is_module and fi.cls is not None:
-        # ModeCore.run: models the class built and holds start in BUILT mode
-        held = fl.held_models(fi.cls)
-        if held and fi.name not in init_helpers([f for f in fl.all_functions() if f.cls is fi.cls]):
+        # ModeCore.run: models the class built and holds start in BUILT mode. They are
+        # the BUILT modes `__init__` ends with, which need a source there as well.
+        init, helpers = fl.construction(fi.cls)
+        if (
+            init is not None
+            and fi.name not in helpers
+            and may_run_model(fl, init, cache)
+            and fl.held_models(fi.cls)
+        ):
             return True
 
     def model(key: str | None) -> bool:
