@@ -66,3 +66,22 @@ def test_store_line_scan_answers_as_the_store_regex() -> None:
     fixtures = (Path(__file__).parent / "fixtures").rglob("*.py")
     for source in [*odd, *(p.read_text(encoding="utf-8") for p in fixtures)]:
         assert has_store_line(source) == (_STORE.search(source) is not None), source[:60]
+
+
+def test_in_place_text_tests_answer_as_their_regexes() -> None:
+    from torchdoctor.check.rules._inplace_text import (
+        LEAF_WRITE,
+        SAVED_WRITE,
+        may_write_leaf,
+        may_write_saved,
+    )
+
+    odd = ["a_(", "_(", "x]=1", "x] == 1", "x]\n=\n", "a+=1", "A_(", "9_(", "x <<= 2"]
+    odd += ["inplace", "a //= 3", "b **= 2", "c >>= 1", "d %= 2", "]\n==", "]=", "__init__("]
+    fixtures = (Path(__file__).parent / "fixtures").rglob("*.py")
+    texts = [*odd]
+    for path in fixtures:
+        texts += path.read_text(encoding="utf-8").split("\n    def ")
+    for text in texts:
+        assert may_write_leaf(text) == (LEAF_WRITE.search(text) is not None), text[:60]
+        assert may_write_saved(text) == (SAVED_WRITE.search(text) is not None), text[:60]

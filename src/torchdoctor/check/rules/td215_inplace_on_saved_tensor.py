@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.rules._inplace_text import may_write_saved
 from torchdoctor.check.tree_walk import walk
 
 # Ops whose backward reads their own output: autograd saves the result.
@@ -55,11 +56,6 @@ class _State:
         self.layers &= other.layers
         for name, why in other.saved.items():
             self.saved.setdefault(name, why)
-
-
-# What an in-place write looks like in text: `x += y`, `x.mul_(` (not `__init__(`),
-# `inplace=True`, `x[i] = v`.
-_INPLACE_TEXT = re.compile(r"(?:[-+*/@%&|^]|//|\*\*|<<|>>)=|[a-z0-9]_\(|inplace|\]\s*=(?!=)")
 
 
 _SELF_CALL = re.compile(r"\bself\.(\w+)\(")
@@ -184,7 +180,7 @@ class InplaceOnSavedTensor(Rule):
         return any(
             isinstance(m, ast.FunctionDef)
             and m.name != "__init__"
-            and _INPLACE_TEXT.search(self.ctx.segment(m))
+            and may_write_saved(self.ctx.segment(m))
             for m in cls.body
         )
 
