@@ -320,6 +320,10 @@ class FileContext:
             value = self._shared[key] = build(self)
             return value
 
+    def built(self, key: str) -> object | None:
+        """The shared analysis `key` if some rule has built it (see `shared`), else None."""
+        return self._shared.get(key)
+
     def close(self) -> None:
         """Release the shared analyses: they and the syntax tree refer to each other,
         and such cycles are freed only by the cyclic garbage collector, which then walks

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.file_loops import parsed_tree
 from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings, matches
 from torchdoctor.check.context import FileContext
@@ -20,7 +21,13 @@ from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
 from torchdoctor.check.source_text import decode_source
-from torchdoctor.check.tree_walk import OPERATOR_TYPES, STATEMENTS, child_fields, spans_a_line
+from torchdoctor.check.tree_walk import (
+    HOLDS_STATEMENTS,
+    OPERATOR_TYPES,
+    STATEMENTS,
+    child_fields,
+    spans_a_line,
+)
 
 if TYPE_CHECKING:
     from torchdoctor.check.notebook import Notebook
@@ -121,7 +128,7 @@ def check_source(
         rules = [r for r in rules if r.code not in file_noqa]
     try:
         if tree is None:
-            tree = parse_module(source, path)
+            tree = parsed_tree(path, source) or parse_module(source, path)
     except SyntaxError as exc:
         return [
             syntax_error_finding(
@@ -221,7 +228,8 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
                 elif value.__class__ not in skip:
                     children.append(value)  # type: ignore[arg-type]  # a node: see `skip`
             if children:
-                if lines is not None:  # leave out the statements no visitor can report in
+                # leave out the statements no visitor can report in
+                if lines is not None and cls in HOLDS_STATEMENTS:
                     children = [
                         c
                         for c in children

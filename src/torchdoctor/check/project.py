@@ -17,9 +17,8 @@ from torchdoctor.check.analysis.torch_api import LIBRARY_MODULE_BASES
 from torchdoctor.check.analysis.values import Passed, Value
 from torchdoctor.check.lines import as_lf
 
-# `class Name(bases...)`: bases may span lines; nested brackets are rare in bases.
-CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^()]*)\)", re.MULTILINE)
-# The same, or a class with no bases (`class Record:`): every class the project defines.
+# A class header, `class Name(bases...)` (bases may span lines; nested brackets are rare
+# in bases) or `class Record:`: every class the project defines (see `class_headers`).
 _ANY_CLASS = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^()]*)\)|:)", re.MULTILINE)
 
 # Base classes from torch and its ecosystem that make a class a module.
@@ -46,19 +45,53 @@ def _base_is_torch_module(base: str) -> bool:
     return base.startswith(_TORCH_NN_PREFIXES) and last[:1].isupper()
 
 
+# (indent, offset where the header ends, class name, the bases' text or None for
+# `class X:`), offsets in the text with `\n` line ends
+ClassHeader = tuple[int, int, str, str | None]
+# `_ANY_CLASS` without its line start: a pattern that starts with a literal is not tried
+# at every position of the text (`class_headers` checks the line start)
+_CLASS_WORD = re.compile(r"class[ \t]+(\w+)[ \t]*(?:\(([^()]*)\)|:)")
+_HEADERS: list[tuple[str, str, list[ClassHeader]]] = []  # the last text's (see below)
+
+
+def class_headers(source: str) -> tuple[str, list[ClassHeader]]:
+    """(`source` with `\n` line ends, the matches of `_ANY_CLASS.finditer` in it), the
+    same matches found from the `class` word. The project index asks several times
+    per file (`scan_classes`, text_facts' class bodies): the last text's are kept."""
+    if _HEADERS and _HEADERS[0][0] is source:
+        return _HEADERS[0][1], _HEADERS[0][2]
+    text = as_lf(source)
+    found: list[ClassHeader] = []
+    at = 0
+    search = _CLASS_WORD.search
+    match = search(text) if "class" in text else None
+    while match is not None:
+        start = match.start()
+        line = text.rfind("\n", 0, start) + 1
+        # `^[ \t]*` of `_ANY_CLASS`, at or after where the search resumed
+        if line >= at and not text[line:start].strip(" \t"):
+            found.append((start - line, match.end(), match.group(1), match.group(2)))
+            at = match.end()
+        else:  # not a header: the next try starts one character on, as `finditer` would
+            at = start + 1
+        match = search(text, at)
+    _HEADERS[:] = [(source, text, found)]
+    return text, found
+
+
 def scan_classes(source: str) -> dict[str, list[str]]:
     """Class name -> base expressions (as text) for every class header in `source`
     (no bases: an empty list)."""
     found: dict[str, list[str]] = {}
     if "class" not in source:
         return found
-    for match in _ANY_CLASS.finditer(as_lf(source)):
+    for _, _, name, listed in class_headers(source)[1]:
         bases = []
-        for part in (match.group(2) or "").split(","):
+        for part in (listed or "").split(","):
             part = part.strip()
             if part and "=" not in part:  # skip metaclass=..., other keywords
                 bases.append(part.split("[", 1)[0].strip())
-        found.setdefault(match.group(1), []).extend(bases)
+        found.setdefault(name, []).extend(bases)
     return found
 
 

@@ -44,6 +44,16 @@ STATEMENTS = frozenset(
     cls for cls in vars(ast).values() if isinstance(cls, type) and issubclass(cls, ast.stmt)
 )
 
+# The node classes whose children may be statements (in `body`, `orelse`, `finalbody`;
+# a lambda's or conditional expression's are expressions, kept for simplicity)
+HOLDS_STATEMENTS = frozenset(
+    cls
+    for cls in vars(ast).values()
+    if isinstance(cls, type)
+    and issubclass(cls, ast.AST)
+    and {"body", "orelse", "finalbody"}.intersection(cls._fields)
+)
+
 OPERATOR_TYPES = tuple(
     cls
     for cls in vars(ast).values()

@@ -89,13 +89,13 @@ interpreters see the per-file objects above them only through protocols):
 - `object_state` syntax of an object's state: the buffers a class registers, attributes
                   that hold one of several bound methods (`self.step = self._step_sub`)
 - `scope_core` < `scope_exprs` < `scope_library` < `scope_moves` < `scope_methods`
-  < `scope_self` < `scope_calls` < `scope`
+  < `scope_self` < `scope_calls` < `scope_loops` < `scope`
                   the scope interpreter (one function or module body), one layer per job:
                   state, expressions, library calls, tensor methods and moves, module calls
                   and methods, `self.m(...)` followed with the caller's `self` where it
                   carries a CPU tensor attribute (and `self.step(x)` of a bound-method
-                  attribute), calls followed into functions, statements with loops run
-                  to a fixpoint
+                  attribute), calls followed into functions, loops run to a fixpoint,
+                  statements
 - `made_results` what another file's function makes that its caller may hold (a module
                   moved to a device its parameters do not choose, loaders, containers of
                   such) and the text gate that spares files moving nothing

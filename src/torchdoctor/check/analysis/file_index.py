@@ -305,7 +305,10 @@ class FileIndex:
     def mentions(self, node: ast.AST, *needles: str) -> bool:
         """Whether the source text of `node` contains any of `needles`."""
         text = self.text(node)
-        return any(n in text for n in needles)
+        for needle in needles:  # noqa: SIM110 (a loop, not any(generator): ~40,000 calls a run)
+            if needle in text:
+                return True
+        return False
 
     def project_class(self, name: str) -> str | None:
         """The file of another project file's plain class that `name` means here: bound

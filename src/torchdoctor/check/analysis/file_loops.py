@@ -13,7 +13,8 @@ from torchdoctor.check.analysis.events import BACKWARD, CALL, SCALER_STEP, STEP,
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.grad_contexts import _MISSING, _MODE_SENSITIVE, post_order_calls
 from torchdoctor.check.analysis.loop_index import LoopIndex
-from torchdoctor.check.analysis.mode_class import held_models
+from torchdoctor.check.analysis.mode_class import held_models, init_helpers
+from torchdoctor.check.analysis.mode_gate import may_run_model
 from torchdoctor.check.analysis.mode_state import ModeResult, Origin, Summary
 from torchdoctor.check.analysis.modes import ModeInterpreter
 from torchdoctor.check.analysis.module_paths import record_dependency, sibling_path
@@ -44,6 +45,8 @@ class FileLoops(LoopIndex):
         self._held: dict[int, dict[str, Origin]] = {}
         self._overrides: dict[tuple[str, str], FunctionInfo | None] = {}
         self._assigned: dict[str, list[str]] | None = None
+        self._may_run: dict[int, bool] = {}
+        self._construction: dict[int, tuple[FunctionInfo | None, frozenset[str]]] = {}
 
     def release(self) -> None:
         """Break the cycles (each function refers to this file, callers to callees,
@@ -245,7 +248,7 @@ class FileLoops(LoopIndex):
         found = self._backward_params.get(id(fi))
         if found is None:
             found = frozenset()
-            if not fi.is_module and "backward(" in fi.text:
+            if not fi.is_module and _may_call_backward(fi.text, fi.name):
                 params = set(fi.params())
                 names: set[str] = set()
                 for stmt in fi.own_statements():
@@ -279,6 +282,21 @@ class FileLoops(LoopIndex):
             self._modes[id(fi)] = cached
         return cached
 
+    def may_run_model(self, fi: FunctionInfo) -> bool:
+        """False only if `modes(fi)` certainly holds no model run and no training step
+        (analysis/mode_gate.py): a cheap test read before interpreting `fi`."""
+        return may_run_model(self, fi, self._may_run)
+
+    def construction(self, cls: ast.ClassDef) -> tuple[FunctionInfo | None, frozenset[str]]:
+        """The class's `__init__` and the methods that run while it is built (its name and
+        those `__init__` calls on `self`: `mode_class.init_helpers`)."""
+        found = self._construction.get(id(cls))
+        if found is None:
+            methods = [f for f in self.all_functions() if f.cls is cls]
+            init = next((m for m in methods if m.name == "__init__"), None)
+            found = self._construction[id(cls)] = (init, init_helpers(methods))
+        return found
+
     def held_models(self, cls: ast.ClassDef) -> dict[str, Origin]:
         """Models a plain class builds in `__init__` and whose mode nothing changes."""
         found = self._held.get(id(cls))
@@ -307,6 +325,12 @@ class FileLoops(LoopIndex):
             return self if os.path.abspath(path) == here else project_file(self.ctx, path)
 
         return sole_override(fi, self.ctx.project, load, self._overrides)
+
+
+def _may_call_backward(text: str, name: str) -> bool:
+    """`backward(` in a function's text, and the word after its name (a `def backward(`
+    line alone holds no call; an attribute call has the word whatever spaces follow)."""
+    return "backward(" in text and text.find("backward", text.find(name) + len(name)) >= 0
 
 
 def file_of(fi: FunctionInfo) -> FileLoops:
@@ -366,11 +390,32 @@ def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:
         except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
             result = None
     _SIBLINGS[key] = result
+    if result is not None:
+        _PARSED[os.path.abspath(path)] = result
     if len(_SIBLINGS) > _SIBLING_LIMIT:
         evicted = _SIBLINGS.popitem(last=False)[1]
         if evicted is not None:
             _EVICTED.append(evicted)
+            where = os.path.abspath(evicted.ctx.path)
+            if _PARSED.get(where) is evicted:
+                del _PARSED[where]
     return result
+
+
+# The siblings held (above) by absolute path: a file the run checks after it was read
+# as a sibling takes the tree already parsed (`parsed_tree`) instead of parsing again.
+_PARSED: dict[str, FileLoops] = {}
+
+
+def parsed_tree(path: str, source: str) -> ast.Module | None:
+    """The syntax tree of `source` at `path` if a sibling read parsed that same text (the
+    analyses only read trees, so one tree serves the sibling and the checked file)."""
+    if not _PARSED:
+        return None
+    loaded = _PARSED.get(os.path.abspath(path))
+    if loaded is None or loaded.ctx.source != source:
+        return None
+    return loaded.ctx.tree
 
 
 def analysis(ctx: FileContext) -> FileLoops:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.functions import FunctionInfo
-from torchdoctor.check.analysis.grad_contexts import (
-    _MODE_CALL,
-    is_autocast_call,
-)
+from torchdoctor.check.analysis.grad_contexts import is_autocast_call
 from torchdoctor.check.analysis.names import (
     _EVALISH_PIECES,
     _MODELISH_PIECES,
@@ -24,7 +22,7 @@ from torchdoctor.check.analysis.names import (
 )
 from torchdoctor.check.analysis.syntax import dotted, last_part
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import child_statements, walk
+from torchdoctor.check.tree_walk import _SIMPLE_STATEMENTS, child_statements, walk
 
 if TYPE_CHECKING:
     pass
@@ -32,6 +30,31 @@ if TYPE_CHECKING:
 
 # Hugging Face model classes: `...Model`, `...ForSequenceClassification`, `...LMHeadModel`
 _HF_MODEL = re.compile(r"(?:Model|For[A-Z][A-Za-z]*)$")
+
+
+# what follows the key in `_MODE_CALL` (grad_contexts): `.eval()`, `.train(False)`
+_MODE_TAIL = re.compile(r"\.(eval\(\s*\)|train\(\s*(?:True|False|mode\s*=\s*\w+|\w*)\s*\))")
+_KEY_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+
+
+def mode_calls(source: str) -> Iterator[tuple[str, str]]:
+    """(key, `eval()` / `train(...)`) of every match of `_MODE_CALL` in `source`, found
+    from the `.eval(` / `.train(` needles: the regex, tried at every letter of the text,
+    re-scans each dotted name once per letter. Its key is the run of word characters and
+    dots before the needle, from the run's first ASCII letter or underscore."""
+    for needle in (".eval(", ".train("):
+        at = source.find(needle)
+        while at >= 0:
+            tail = _MODE_TAIL.match(source, at)
+            if tail is not None:
+                start = at
+                while start and (source[start - 1].isalnum() or source[start - 1] in "_."):
+                    start -= 1
+                while start < at and source[start] not in _KEY_START:
+                    start += 1
+                if start < at:
+                    yield source[start:at], tail.group(1)
+            at = source.find(needle, at + 1)
 
 
 class LoopIndex:
@@ -63,6 +86,8 @@ class LoopIndex:
         todo = list(reversed(stmts))  # a stack: statements come off in source order
         while todo:
             stmt = todo.pop()
+            if stmt.__class__ in _SIMPLE_STATEMENTS:
+                continue  # most statements: nothing nested (one set lookup)
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
                 info = FunctionInfo(self, stmt, stmt.name, cls, parent)
                 self.functions.append(info)
@@ -169,12 +194,10 @@ class LoopIndex:
         if self._mode_keys is None:
             found: set[str] = set()
             evals: set[str] = set()
-            src = self.ctx.source
-            if ".eval(" in src or ".train(" in src:
-                for m in _MODE_CALL.finditer(src):
-                    found.add(m.group(1))
-                    if not m.group(2).startswith("train(") or "False" in m.group(2):
-                        evals.add(m.group(1))
+            for key, call in mode_calls(self.ctx.source):
+                found.add(key)
+                if not call.startswith("train(") or "False" in call:
+                    evals.add(key)
             self._mode_keys = frozenset(found)
             self._eval_keys = frozenset(evals)
         return self._mode_keys

@@ -63,15 +63,6 @@ _LOADER_ARGUMENT = re.compile(r"\w\s*\([^()\r\n]*(?:loader|Loader|_dl\b)")
 _MOVES = (".to(", ".cuda(")
 
 
-def is_candidate(source: str) -> bool:
-    """Whether a file may pass a moved model or a loader to another file's function."""
-    return (
-        any(m in source for m in _MOVES)
-        and any(w in source for w in LOADER_WORDS)  # cheap: the regex is not
-        and _LOADER_ARGUMENT.search(source) is not None
-    )
-
-
 def _contexts(index: ProjectIndex, files: Iterable[tuple[str, str]]) -> Iterator[FileContext]:
     """A FileContext for each (path, text) that parses, closed when the caller moves on
     (a file too deep for the analysis, RecursionError, is skipped)."""
@@ -197,9 +188,12 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         for name, facts in class_builds(source).items():
             classes.setdefault(name, []).append(facts)
         count += 1
-        if is_candidate(source):
+        # a candidate: it may pass a moved model or a loader to another file's function
+        loads = any(w in source for w in LOADER_WORDS)
+        moves = loads and any(m in source for m in _MOVES)
+        if moves and _LOADER_ARGUMENT.search(source) is not None:
             candidates.append((path, source))
-        elif any(w in source for w in LOADER_WORDS) and not any(m in source for m in _MOVES):
+        elif loads and not moves:
             unmoved.append((path, source))
         if ("DataParallel" in source or "DDP" in source) and _WRAPS.search(source):
             wrapping.append((path, source))

@@ -115,6 +115,9 @@ class ScopeCore:
     def _bind(self, target: ast.expr, value: Value) -> None:
         raise NotImplementedError
 
+    def _exec_block(self, body: list[ast.stmt]) -> None:
+        raise NotImplementedError
+
     def _peek(self, node: ast.expr) -> Value:
         raise NotImplementedError
 

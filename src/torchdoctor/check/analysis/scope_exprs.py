@@ -396,7 +396,8 @@ class ScopeExprs(ScopeCore):
 
 
 def _numbers_only(elts: list[ast.expr]) -> bool:
-    """Literal numbers (each evaluates to UNKNOWN; only strings and None carry facts)."""
-    return len(elts) > 4 and all(
+    """Literal numbers (each evaluates to UNKNOWN; only strings and None carry facts).
+    Any length but none: a generated table's rows are short (`(2, 8, 1, 4)`)."""
+    return bool(elts) and all(
         isinstance(e, ast.Constant) and isinstance(e.value, int | float | complex) for e in elts
     )

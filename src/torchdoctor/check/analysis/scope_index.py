@@ -47,6 +47,38 @@ def _every_scope(ctx: FileContext) -> dict[int, list[ast.AST]]:
     return found
 
 
+def scope_nodes(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
+    """`own_nodes(ctx, scope)`, for a caller that asks of few scopes: from the index if
+    a rule has built it, else the scope's own walk (not a walk of the whole file)."""
+    index = ctx.built("scope_index.scopes")
+    return index[id(scope)] if isinstance(index, dict) else _own_walk(scope)
+
+
+def _own_walk(scope: ast.AST) -> list[ast.AST]:
+    """`own_nodes(ctx, scope)` of one scope, found without indexing the whole file: the
+    same nodes in the same order (`_every_scope`'s walk, which, entering a nested
+    scope, finishes it before it goes on)."""
+    table = child_fields(want_operators=False)
+    found: list[ast.AST] = []
+    todo = iter_children(scope, operators=False)
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if isinstance(node, _SCOPES):
+            continue  # its nodes are its own
+        fields = table.get(node.__class__)
+        if fields is None:
+            todo.extend(iter_children(node, operators=False))
+            continue
+        for name in fields:
+            value = getattr(node, name, None)
+            if value.__class__ is list:
+                todo.extend(item for item in value if isinstance(item, ast.AST))
+            elif isinstance(value, ast.AST):
+                todo.append(value)
+    return found
+
+
 def own_calls(ctx: FileContext, scope: ast.AST) -> list[ast.Call]:
     """The calls of `scope` itself (see `own_nodes`)."""
     return [n for n in own_nodes(ctx, scope) if isinstance(n, ast.Call)]
@@ -124,7 +156,7 @@ def assignments(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.Assign |
     found = cache.get(id(scope))
     if found is None:
         found = cache[id(scope)] = {}
-        for node in own_nodes(ctx, scope):
+        for node in scope_nodes(ctx, scope):
             if isinstance(node, ast.Assign):
                 targets = node.targets
             elif isinstance(node, ast.AnnAssign) and node.value is not None:

@@ -13,8 +13,7 @@ import re
 from collections.abc import Iterator
 
 from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
-from torchdoctor.check.lines import as_lf
-from torchdoctor.check.project import CLASS_HEADER
+from torchdoctor.check.project import class_headers
 
 _BODY_ENDS: dict[int, re.Pattern[str]] = {}
 
@@ -32,11 +31,15 @@ _MOVES_INPUT = re.compile(r"\b(\w+)\s*=\s*\1\s*\.\s*(?:to|cuda)\(|\.to\(\s*self\
 _DEVICE_WORDS = (".to(", ".cuda(", "device")
 
 
-def _class_bodies(source: str) -> Iterator[tuple[re.Match[str], str]]:
-    """Each class header of `source` (line ends made `\n`) with its body's text."""
-    for match in CLASS_HEADER.finditer(source):
-        body_end = _body_end(_indent(match.group(0))).search(source, match.end())
-        yield match, source[match.end() : body_end.start() if body_end else len(source)]
+def _class_bodies(source: str) -> Iterator[tuple[str, str, str]]:
+    """(name, bases' text, body's text) of each class header of `source` with a base
+    list (`class X(...)`), line ends made `\n`."""
+    text, headers = class_headers(source)
+    for indent, end, name, bases in headers:
+        if bases is None:
+            continue
+        body_end = _body_end(indent).search(text, end)
+        yield name, bases, text[end : body_end.start() if body_end else len(text)]
 
 
 def _indent(line: str) -> int:
@@ -52,13 +55,12 @@ def moving_classes(source: str) -> set[str]:
     found: set[str] = set()
     if not any(w in source for w in _DEVICE_WORDS) or "class" not in source:
         return found
-    source = as_lf(source)
-    for match, body in _class_bodies(source):
-        if "Dataset" in match.group(2):
+    for name, bases, body in _class_bodies(source):
+        if "Dataset" in bases:
             if any(w in body for w in _DEVICE_WORDS):
-                found.add(match.group(1))
+                found.add(name)
         elif ("to(" in body or "cuda(" in body) and _MOVES_INPUT.search(body):
-            found.add(match.group(1))
+            found.add(name)
     return found
 
 
@@ -83,8 +85,7 @@ def self_moving_classes(source: str) -> dict[str, bool]:
     found: dict[str, bool] = {}
     if "self.cuda(" not in source and "self.to(" not in source:
         return found
-    source = as_lf(source)
-    for match, body in _class_bodies(source):
+    for name, _, body in _class_bodies(source):
         init = _INIT.search(body)
         if init is None or ("self.cuda(" not in body and "self.to(" not in body):
             continue
@@ -98,7 +99,7 @@ def self_moving_classes(source: str) -> dict[str, bool]:
             test = next((ln for ln in before if ln.strip() and _indent(ln) < depth), "")
             gpu = _GPU_TEST.match(test) is not None and _indent(test) == own
             some_paths = depth != own and not gpu
-            found[match.group(1)] = found.get(match.group(1), True) and some_paths
+            found[name] = found.get(name, True) and some_paths
     return found
 
 
@@ -111,10 +112,9 @@ def parameter_classes(source: str) -> set[str]:
     found: set[str] = set()
     if "Parameter(" not in source or "class" not in source:
         return found
-    source = as_lf(source)
-    for match, body in _class_bodies(source):
+    for name, _, body in _class_bodies(source):
         if "Parameter(" in body:
-            found.add(match.group(1))
+            found.add(name)
     return found
 
 
@@ -129,14 +129,13 @@ def logit_loss_classes(source: str) -> set[str]:
     found: set[str] = set()
     if "class" not in source or not any(w in source for w in _TAKES_LOGITS_WORDS):
         return found
-    source = as_lf(source)
-    for match, body in _class_bodies(source):
+    for name, _, body in _class_bodies(source):
         if any(w in body for w in _TAKES_LOGITS_WORDS):
-            found.add(match.group(1))
+            found.add(name)
     return found
 
 
-# `class Meter:`: a class header without bases (CLASS_HEADER wants the brackets); found
+# `class Meter:`: a class header without bases (`_class_bodies` wants the brackets); found
 # from its `class` word, the line start checked after (a pattern that starts with `^` or
 # a lookbehind is tried at every position: 7 to 17 times slower on torch's tree)
 _PLAIN_CLASS = re.compile(r"class[ \t]+(\w+)[ \t]*:")

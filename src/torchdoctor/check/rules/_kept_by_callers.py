@@ -23,6 +23,26 @@ from torchdoctor.check.tree_walk import walk
 _STORE = re.compile(
     r"(?:^|[\r\n])[ \t]+\w+\[[^\]\r\n]+\][ \t]*=[ \t]*\w+[ \t]*(?:#[^\r\n]*)?(?=[\r\n]|\Z)"
 )
+# one line of it, and the piece every such line holds (`] =`): found first, by a regex
+# with a literal head that skips to each `]`, while `_STORE` tries every character
+_STORE_LINE = re.compile(r"[ \t]+\w+\[[^\]\r\n]+\][ \t]*=[ \t]*\w+[ \t]*(?:#[^\r\n]*)?")
+_STORED_AT = re.compile(r"\][ \t]*=")
+
+
+def has_store_line(source: str) -> bool:
+    """Whether `_STORE` matches somewhere in `source`: some line (text between `\\r` /
+    `\\n`) that `_STORE_LINE` matches whole."""
+    for hit in _STORED_AT.finditer(source):
+        at = hit.start()
+        start = source.rfind("\n", 0, at)
+        start = max(start, source.rfind("\r", start + 1, at)) + 1
+        end = source.find("\n", at)
+        if end < 0:
+            end = len(source)
+        cr = source.find("\r", at, end)
+        if _STORE_LINE.fullmatch(source, start, cr if cr >= 0 else end):
+            return True
+    return False
 
 
 def report_kept_for_callers(rule: Rule) -> None:
@@ -30,7 +50,7 @@ def report_kept_for_callers(rule: Rule) -> None:
     source = ctx.source
     if "] =" not in source or "class " not in source or not ctx.project.class_files:
         return
-    if _STORE.search(source) is None:
+    if not has_store_line(source):
         return
     fl = analysis(ctx)
     for fi in fl.all_functions():

@@ -124,9 +124,10 @@ class FactoryWithoutDevice(Rule):
                 # a loss, metric or plotting helper: its factory meets tensors its
                 # callers proved to be on the device
                 # (only where a device value can come from: its own code, or callers here)
-                if (
+                # (the factory test first: it is a lookup, finding the callers is not)
+                if self._may_make_on_cpu(func) and (
                     ff.mentions(func, *ff.FACT_WORDS) or ff.called_in_file(func)
-                ) and self._may_make_on_cpu(func):
+                ):
                     self._check(func, None, ff.scope(func))
                 continue
             assert cls is not None

@@ -101,7 +101,7 @@ class EvalWithoutNoGrad(Rule):
         fl = analysis(self.ctx)
         self._eval_only_methods(fl)
         for fi in fl.all_functions():
-            if not (fi.mentions_evaluation and fi.mentions_model):
+            if not (fi.mentions_model and fi.mentions_evaluation and fl.may_run_model(fi)):
                 continue
             if is_lightning_eval_hook(fi.name):
                 continue

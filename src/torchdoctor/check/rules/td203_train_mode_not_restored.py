@@ -77,7 +77,7 @@ class TrainModeNotRestored(Rule):
                 continue
             if not (".eval(" in text or "train(" in text or fi.mentions_evaluation):
                 continue
-            if not fi.mentions_model:
+            if not (fi.mentions_model and fl.may_run_model(fi)):
                 continue
             for step in fl.modes(fi).steps:
                 if fl.key_mode_sensitive(step.key) is False:

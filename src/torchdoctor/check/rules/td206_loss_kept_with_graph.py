@@ -119,10 +119,15 @@ class LossKeptWithGraph(Rule):
         if "backward" not in self.ctx.source:
             return
         fl = analysis(self.ctx)
-        helpers = any(fl.backward_params(fi) for fi in fl.all_functions())
+        helpers: bool | None = None  # asked only of a function without a backward( call
         objects = bool(self.ctx.project.class_files) or "class " in self.ctx.source
         for fi in fl.all_functions():
-            if not _may_accumulate_a_loss(fi.text, helpers, objects or fi.cls is not None):
+            may = _may_accumulate_a_loss(fi.text, objects or fi.cls is not None)
+            if may is None:
+                if helpers is None:
+                    helpers = any(fl.backward_params(g) for g in fl.all_functions())
+                may = helpers
+            if not may:
                 continue
             events = [e for e in fl.events(fi) if e.kind == BACKWARD and e.expr is not None]
             if not events:
@@ -389,19 +394,20 @@ def _summands(node: ast.expr) -> set[str]:
     return set()
 
 
-def _may_accumulate_a_loss(text: str, helpers: bool, objects: bool) -> bool:
+def _may_accumulate_a_loss(text: str, objects: bool) -> bool | None:
     """A cheap text test: a backward call (not just a `def backward(` line; or a call of
-    one of the file's `helpers` that run backward() on what they are given), and, in a
+    one of the file's helpers that run backward() on what they are given), and, in a
     loop, or in a method (a training step run once per batch), an accumulation (`+=`,
     `a = a + v`, `.append(`; with `objects`, any method call may be one) may all be in
-    this function."""
+    this function. None: all but the backward call, which only such a helper can be."""
     body = line_end(text, 0)
-    return (
+    if not (
         body < len(text)
-        and (helpers or text.find("backward(", body) >= 0)
         and ("for " in text or "while " in text or "self." in text)
         and ("+" in text or "append(" in text or objects)
-    )
+    ):
+        return False
+    return True if text.find("backward(", body) >= 0 else None
 
 
 def _used_in_backward(fi: FunctionInfo, acc: str, events: list[Event]) -> bool:

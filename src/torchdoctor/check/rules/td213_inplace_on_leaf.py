@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_
 from torchdoctor.check.analysis.names import is_torch_file
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.rules._inplace_text import may_write_leaf
 from torchdoctor.check.tree_walk import walk
 
 # Tensor methods that write into the tensor itself.
@@ -59,8 +60,6 @@ _INPLACE = frozenset(
         "log_normal_",
     }
 )
-# `w -= ...`, `w.add_(...)`, `w[i] = ...`: any in-place write at all
-_INPLACE_TEXT = re.compile(r"[-+*/@]=|[a-z]_\(|\]\s*=[^=]")
 _LEAF_WORDS = ("requires_grad", "Parameter(", "parameters()")
 # `head = SoftmaxHead(...)`: an instance of a class whose attributes may be parameters
 _BUILDS = re.compile(r"=\s*(?:\w+\.)*([A-Z]\w*)\(")
@@ -162,7 +161,7 @@ class InplaceOnLeaf(Rule):
             builds = "requires_grad" not in text and any(f"{c}(" in text for c in built)
             if not forward and not builds and not any(t in text for t in _LEAF_WORDS):
                 continue  # no leaf made or named here (cheap: substrings before the regex)
-            if not _INPLACE_TEXT.search(text):
+            if not may_write_leaf(text):
                 continue  # nothing is updated in place here
             if not fi.is_module and is_no_grad_decorated(self.ctx, fi.node):  # type: ignore[arg-type]
                 continue

@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.rules._inplace_text import may_write_saved
 from torchdoctor.check.tree_walk import walk
 
 # Ops whose backward reads their own output: autograd saves the result.
@@ -55,11 +56,6 @@ class _State:
         self.layers &= other.layers
         for name, why in other.saved.items():
             self.saved.setdefault(name, why)
-
-
-# What an in-place write looks like in text: `x += y`, `x.mul_(` (not `__init__(`),
-# `inplace=True`, `x[i] = v`.
-_INPLACE_TEXT = re.compile(r"(?:[-+*/@%&|^]|//|\*\*|<<|>>)=|[a-z0-9]_\(|inplace|\]\s*=(?!=)")
 
 
 _SELF_CALL = re.compile(r"\bself\.(\w+)\(")
@@ -152,19 +148,29 @@ class InplaceOnSavedTensor(Rule):
                             methods.append((ctx, m, node is cls))
             # Summaries first: which methods return a value that needs grad
             # (`self.encode(x)` is then followed like a layer's output).
+            # The findings of the class's own methods are those of the pass that changes
+            # nothing (it sees the final summaries): kept from it, not walked again.
             returns_grad: set[str] = set()
+            found: list[tuple[ast.AST, str, str]] = []
             for _ in range(4):
                 before = len(returns_grad)
-                for ctx, method, _own in methods:
-                    walker = _Method(self, ctx, layers, returns_grad, report=False)
+                found = []
+                for ctx, method, own in methods:
+                    walker = _Method(self, ctx, layers, returns_grad, found if own else None)
                     walker.block(method.body, _State(), False)
                     if walker.returns_grad:
                         returns_grad.add(method.name)
                 if len(returns_grad) == before:
                     break
-            for ctx, method, own in methods:
-                if own:
-                    _Method(self, ctx, layers, returns_grad).block(method.body, _State(), False)
+            else:
+                found = []
+                for ctx, method, own in methods:
+                    if own:
+                        _Method(self, ctx, layers, returns_grad, found).block(
+                            method.body, _State(), False
+                        )
+            for where, message, hint in found:
+                self.report(where, message, hint=hint)
 
     def _may_write_in_place(self, cls: ast.ClassDef) -> bool:
         """Whether a method this rule reports in (not `__init__`) may write in place: its
@@ -174,7 +180,7 @@ class InplaceOnSavedTensor(Rule):
         return any(
             isinstance(m, ast.FunctionDef)
             and m.name != "__init__"
-            and _INPLACE_TEXT.search(self.ctx.segment(m))
+            and may_write_saved(self.ctx.segment(m))
             for m in cls.body
         )
 
@@ -237,14 +243,13 @@ class _Method:
         ctx: FileContext,
         layers: dict[str, str],
         grad_methods: set[str],
-        *,
-        report: bool = True,
+        found: list[tuple[ast.AST, str, str]] | None,
     ) -> None:
         self.rule = rule
         self.ctx = ctx  # the file the method is in (a base class may be in another)
         self.layers = layers
         self.grad_methods = grad_methods  # methods of the class that return grad values
-        self.reporting = report
+        self.found = found  # (node, message, hint) of each finding; None: none kept
         self.returns_grad = False
         self.reported: set[int] = set()
 
@@ -450,7 +455,7 @@ class _Method:
         if saved is None or line in self.reported:
             return
         self.reported.add(line)
-        if not self.reporting:
+        if self.found is None:
             return
         text = self.ctx.segment(node)
         if len(text) > 50:
@@ -466,8 +471,10 @@ class _Method:
                 f"{saved[1]}): `backward()` raises 'one of the variables needed for "
                 "gradient computation has been modified by an inplace operation'"
             )
-        self.rule.report(
-            node,
-            f"`{text}` modifies `{name}` in place, but {consequence}",
-            hint=f"compute a new tensor instead (`{name} = {name} + ...`)",
+        self.found.append(
+            (
+                node,
+                f"`{text}` modifies `{name}` in place, but {consequence}",
+                f"compute a new tensor instead (`{name} = {name} + ...`)",
+            )
         )

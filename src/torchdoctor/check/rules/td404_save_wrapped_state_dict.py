@@ -18,7 +18,7 @@ from torchdoctor.check.analysis.wraps import (
 )
 from torchdoctor.check.project import WrappedFacts
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import spans_a_line, walk
 
 _WRAPPER_WORDS = ("DataParallel", "DDP")
 
@@ -80,10 +80,15 @@ class SaveWrappedStateDict(Rule):
     def finish(self) -> None:
         if "state_dict" not in self.ctx.source or is_test_file(self.ctx.path):
             return  # tests save wrapped checkpoints on purpose, to test them
+        # What other files hand a function counts only where the function itself calls
+        # `.state_dict()` (`_saved_parameters`); with no wrapper in this file's text, the
+        # rest finds nothing either. So only functions on lines with `state_dict` ask
+        # (each asked builds the analysis of every file that calls it).
+        lines = self.ctx.lines_holding(["state_dict"])
         top = [
             f.name
             for f in self.ctx.tree.body
-            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and spans_a_line(f, lines)
         ]
         handed = self.ctx.project.wrapped_arguments_for(top)
         if not handed and not any(w in self.ctx.source for w in _WRAPPER_WORDS):

@@ -11,12 +11,8 @@ from torchdoctor.check.analysis.module_pickles import module_pickles, reaches
 from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.rules._unpicklable import (
-    Finder,
-    Unpicklable,
-    statements,
-    stored_on_self,
-)
+from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, stored_on_self
+from torchdoctor.check.tree_walk import child_statements, spans_a_line
 
 # Methods by which a class controls how pickle stores its objects.
 _PICKLE_HOOKS = frozenset({"__getstate__", "__setstate__", "__reduce__", "__reduce_ex__"})
@@ -113,9 +109,7 @@ class UnpicklableModuleAttribute(Rule):
             self._lambdas_stored_beside()
         if not self.ctx.holds("class"):
             return
-        for cls in statements(self.ctx.tree):
-            if not isinstance(cls, ast.ClassDef):
-                continue
+        for cls in _classes(self.ctx.tree, self.ctx.lines_holding(["class"])):
             module_class = self.ctx.is_module_class(cls)
             if not (module_class or cls.name in families):
                 continue
@@ -284,6 +278,18 @@ class UnpicklableModuleAttribute(Rule):
             hint="use a module (`nn.ReLU()`), a method or a module-level function; or save "
             "`state_dict()`",
         )
+
+
+def _classes(tree: ast.Module, lines: list[int]) -> Iterator[ast.ClassDef]:
+    """The classes of `statements(tree)`, in its order, found by entering only the
+    statements that span one of `lines`, the lines holding `class`: a class statement
+    spans its `class` line, and so does every statement around it."""
+    todo = [stmt for stmt in tree.body if spans_a_line(stmt, lines)]
+    while todo:
+        stmt = todo.pop()
+        if isinstance(stmt, ast.ClassDef):
+            yield stmt
+        todo.extend(s for s in child_statements(stmt) if spans_a_line(s, lines))
 
 
 def _project_bases(cls: ast.ClassDef, qualname: Callable[[ast.expr], str | None]) -> set[str]:

@@ -14,10 +14,10 @@ from torchdoctor.check.analysis.saved_objects import (
     keyword,
     save_path,
 )
-from torchdoctor.check.analysis.scope_index import binding, calls_on_lines, own_nodes
+from torchdoctor.check.analysis.scope_index import binding, calls_on_lines, own_nodes, scope_nodes
 from torchdoctor.check.project import SavedFile
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import spans_a_line, walk
 
 _LOADS = frozenset({"torch.load", "torch.serialization.load"})
 
@@ -103,10 +103,15 @@ class WeightsOnlyLoadOfObjects(Rule):
         self.reader = SavedObjects(self.ctx)
         saves: list[Save] = []
         loads: list[tuple[ast.Call, ast.AST]] = []
+        # a function none of whose lines holds the name of a save or load (or an import's
+        # alias of one) calls neither: its nodes are not visited
+        lines = self.ctx.lines_holding(self.ctx.call_needles(SAVES | _LOADS))
         for scope in walk(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
-            for node in own_nodes(self.ctx, scope):
+            if scope is not self.ctx.tree and not spans_a_line(scope, lines):  # type: ignore[arg-type]
+                continue
+            for node in scope_nodes(self.ctx, scope):
                 if not isinstance(node, ast.Call):
                     continue
                 name = self.ctx.qualname(node.func) or ""

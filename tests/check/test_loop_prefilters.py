@@ -1,0 +1,87 @@
+"""Cheap tests the training-loop rules read first must answer as the work they stand for:
+analysis/mode_gate.py rules out only functions the mode interpreter finds no model run and
+no training step in; the needle scans answer as the regexes they replace."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from torchdoctor.check.analysis.file_loops import analysis
+from torchdoctor.check.analysis.project_facts import build_project
+from torchdoctor.check.context import FileContext
+
+
+def test_gate_never_rules_out_a_function_with_runs_or_steps() -> None:
+    paths = sorted((Path(__file__).parent / "fixtures").rglob("*.py"))
+    sources = [p.read_text(encoding="utf-8") for p in paths]
+    project = build_project(sources)
+    ruled_out = with_runs = 0
+    for path, source in zip(paths, sources, strict=True):
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        fl = analysis(FileContext(str(path), source, tree, project))
+        for fi in fl.all_functions():
+            result = fl.modes(fi)
+            if result.forwards or result.steps:
+                with_runs += 1
+                assert fl.may_run_model(fi), (path.name, fi.name)
+            elif not fl.may_run_model(fi):
+                ruled_out += 1
+    # the fixtures hold both kinds: the test sees the gate let runs through and skip others
+    assert with_runs > 50 and ruled_out > 50
+
+
+def test_mode_calls_finds_what_the_mode_call_regex_finds() -> None:
+    from torchdoctor.check.analysis.grad_contexts import _MODE_CALL
+    from torchdoctor.check.analysis.loop_index import mode_calls
+
+    odd = [
+        "a.eval()\n3.x.eval()\né.x.eval()\nééé.eval()\na.eval().train()\n1a.eval()\n",
+        "x.train(mode=y.eval())\nm._b.c.train( False )\n..eval()\na..b.train(True)\n",
+        "x=__.eval()\nab.train(mode = z)\nnet.train(flag)\nnet.train(1 + 2)\n",
+    ]
+    fixtures = (Path(__file__).parent / "fixtures").rglob("*.py")
+    for source in [*odd, *(p.read_text(encoding="utf-8") for p in fixtures)]:
+        expected = {(m.group(1), m.group(2)) for m in _MODE_CALL.finditer(source)}
+        assert set(mode_calls(source)) == expected
+
+
+def test_store_line_scan_answers_as_the_store_regex() -> None:
+    from torchdoctor.check.rules._kept_by_callers import _STORE, has_store_line
+
+    odd = [
+        "  a[b] = c",
+        "\n  a[b] = c\r",
+        "a[b]=c\n  x[y]\t=\tz # ]= c\n",
+        "\r\n\tq[1]=w#\n",
+        "  a[b] = c d\n",
+        "  a[b]] = c\n",
+        "x\n a[b] =c\r\n",
+        "  a[b\n] = c\n",
+        "  a[b] == c\n",
+    ]
+    fixtures = (Path(__file__).parent / "fixtures").rglob("*.py")
+    for source in [*odd, *(p.read_text(encoding="utf-8") for p in fixtures)]:
+        assert has_store_line(source) == (_STORE.search(source) is not None), source[:60]
+
+
+def test_in_place_text_tests_answer_as_their_regexes() -> None:
+    from torchdoctor.check.rules._inplace_text import (
+        LEAF_WRITE,
+        SAVED_WRITE,
+        may_write_leaf,
+        may_write_saved,
+    )
+
+    odd = ["a_(", "_(", "x]=1", "x] == 1", "x]\n=\n", "a+=1", "A_(", "9_(", "x <<= 2"]
+    odd += ["inplace", "a //= 3", "b **= 2", "c >>= 1", "d %= 2", "]\n==", "]=", "__init__("]
+    fixtures = (Path(__file__).parent / "fixtures").rglob("*.py")
+    texts = [*odd]
+    for path in fixtures:
+        texts += path.read_text(encoding="utf-8").split("\n    def ")
+    for text in texts:
+        assert may_write_leaf(text) == (LEAF_WRITE.search(text) is not None), text[:60]
+        assert may_write_saved(text) == (SAVED_WRITE.search(text) is not None), text[:60]
