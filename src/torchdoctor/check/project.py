@@ -17,10 +17,6 @@ from torchdoctor.check.analysis.torch_api import LIBRARY_MODULE_BASES
 from torchdoctor.check.analysis.values import Passed, Value
 from torchdoctor.check.lines import as_lf
 
-# A class header, `class Name(bases...)` (bases may span lines; nested brackets are rare
-# in bases) or `class Record:`: every class the project defines (see `class_headers`).
-_ANY_CLASS = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^()]*)\)|:)", re.MULTILINE)
-
 # Base classes from torch and its ecosystem that make a class a module.
 KNOWN_MODULE_BASES = frozenset(
     {
@@ -48,16 +44,20 @@ def _base_is_torch_module(base: str) -> bool:
 # (indent, offset where the header ends, class name, the bases' text or None for
 # `class X:`), offsets in the text with `\n` line ends
 ClassHeader = tuple[int, int, str, str | None]
-# `_ANY_CLASS` without its line start: a pattern that starts with a literal is not tried
-# at every position of the text (`class_headers` checks the line start)
+# A class header, `class Name(bases...)` (bases may span lines; nested brackets are rare
+# in bases) or `class Record:`: every class the project defines. Its line start, only
+# blanks before `class`, is checked by `class_headers`: a pattern that starts with a
+# literal is not tried at every position of the text
+# (tests/check/test_class_headers.py: the same matches as `^[ \t]*` + this, re.MULTILINE)
 _CLASS_WORD = re.compile(r"class[ \t]+(\w+)[ \t]*(?:\(([^()]*)\)|:)")
 _HEADERS: list[tuple[str, str, list[ClassHeader]]] = []  # the last text's (see below)
 
 
 def class_headers(source: str) -> tuple[str, list[ClassHeader]]:
-    """(`source` with `\n` line ends, the matches of `_ANY_CLASS.finditer` in it), the
-    same matches found from the `class` word. The project index asks several times
-    per file (`scan_classes`, text_facts' class bodies): the last text's are kept."""
+    """(`source` with `\n` line ends, the class headers in it: `_CLASS_WORD` matches
+    with only blanks before them on their line, in the order `finditer` would give).
+    The project index asks several times per file (`scan_classes`, text_facts' class
+    bodies): the last text's are kept."""
     if _HEADERS and _HEADERS[0][0] is source:
         return _HEADERS[0][1], _HEADERS[0][2]
     text = as_lf(source)
@@ -68,7 +68,7 @@ def class_headers(source: str) -> tuple[str, list[ClassHeader]]:
     while match is not None:
         start = match.start()
         line = text.rfind("\n", 0, start) + 1
-        # `^[ \t]*` of `_ANY_CLASS`, at or after where the search resumed
+        # only blanks before `class` on its line, at or after where the search resumed
         if line >= at and not text[line:start].strip(" \t"):
             found.append((start - line, match.end(), match.group(1), match.group(2)))
             at = match.end()

@@ -318,17 +318,3 @@ def _block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt]:
 
 def _binds(node: ast.AST, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load)
-
-
-def _own_nodes(stmt: ast.stmt) -> list[ast.AST]:
-    """The nodes of `stmt` itself, not of the statements nested in it."""
-    nested = set(child_statements(stmt))
-    found: list[ast.AST] = []
-    todo: list[ast.AST] = [stmt]
-    while todo:
-        node = todo.pop()
-        found.append(node)
-        for child in ast.iter_child_nodes(node):
-            if child not in nested:
-                todo.append(child)
-    return found
