@@ -152,6 +152,25 @@ class ScopeCalls(ScopeSelf):
             name = f"self.{func.attr}"
         elif isinstance(func, ast.Attribute) and recv is not None and recv.kind is Kind.OBJECT:
             name = f"{recv.cls}.{func.attr}"  # a method of the file's class, on an instance
+        elif (
+            isinstance(func, ast.Attribute)
+            and recv is not None
+            and recv.kind is Kind.MODULE
+            and recv.cls in self.ff.project.module_classes
+        ):
+            # a method of a project module class (`model.read(images=x)`): other files'
+            # definitions are seeded from it (project_facts.collect)
+            self.calls.append(
+                CallSite(
+                    f"{recv.cls}.{func.attr}",
+                    node,
+                    tuple(args),
+                    tuple((k, v) for k, v in keywords if k is not None),
+                    opaque,
+                    recv,
+                )
+            )
+            return
         else:
             return
         self.calls.append(

@@ -111,6 +111,13 @@ class ScopeLibrary(ScopeExprs):
             return Value(Kind.DATASET, place, cls=last, assumed=moving, line=node.lineno)
         if last.startswith("Auto") and "Model" in qual and ".from_pretrained" in f".{qual}":
             return Value(Kind.MODULE, name="", cls=last, line=node.lineno, source=node, fresh=True)
+        if last == "from_pretrained" and self._is_module_class(qual[: -len(".from_pretrained")]):
+            # `Reader.from_pretrained(path)` of a module class (the project's, a library's):
+            # an instance of it, loaded where `device_map=` says (on the CPU without one)
+            if any(kw.arg in ("device_map", None) for kw in node.keywords):
+                return None
+            owner = qual[: -len(".from_pretrained")].rsplit(".", 1)[-1]
+            return Value(Kind.MODULE, cls=owner, line=node.lineno, source=node, fresh=True)
         if qual.startswith("timm.") and last == "create_model":
             return Value(Kind.MODULE, cls="timm", line=node.lineno, source=node, fresh=True)
         if qual.startswith("torchvision.models.") and last[:1].islower():
