@@ -7,6 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis import distributions
+from torchdoctor.check.analysis.collate import collate_keeps_place
 from torchdoctor.check.analysis.scope_exprs import ScopeExprs
 from torchdoctor.check.analysis.syntax import _is_zero, dotted
 from torchdoctor.check.analysis.torch_api import (
@@ -219,7 +220,7 @@ class ScopeLibrary(ScopeExprs):
                 value = kw.value
                 given = value.value if isinstance(value, ast.Constant) else None
                 pinned = given if isinstance(given, bool) else None
-            elif kw.arg == "collate_fn":
+            elif kw.arg == "collate_fn" and not collate_keeps_place(self.ff, kw.value):
                 place = Place.UNKNOWN  # a collate function may move the batch
         if dataset.place is not Place.UNKNOWN:
             place = dataset.place
