@@ -47,7 +47,9 @@ class BatchNotMoved(Rule):
     training loop has, labels or masks left behind while the inputs move, hidden
     states created on the CPU, and `x.to(device)` whose result was dropped. It
     follows models and loaders into helper functions (`evaluate(model, val_loader)`),
-    also when the helper lives in another file. What a tokenizer or a processor
+    also when the helper lives in another file, and into a method of a model class
+    that another file calls on the model it moved (`model.read(images=batch)`): the
+    meeting is reported in the method. What a tokenizer or a processor
     returns with `return_tensors="pt"` is made on the CPU too, and
     `model.generate(...)` runs the model on the tensors it is given.
 
