@@ -29,7 +29,6 @@ from torchdoctor.check.analysis.torch_api import (
     legacy_type_place,
 )
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Place, Value
-from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     pass
@@ -462,7 +461,7 @@ class ScopeLibrary(ScopeExprs):
         """Mark each `model` whose `model.parameters()` feeds this optimizer."""
         if self.env is None:
             return
-        for sub in walk(node):
+        for sub in _every_path_parts(node):
             if (
                 isinstance(sub, ast.Call)
                 and isinstance(sub.func, ast.Attribute)
@@ -477,3 +476,19 @@ class ScopeLibrary(ScopeExprs):
                     held = self.env.get(name)
                     if held is not None and held.kind is Kind.MODULE and held.optimizer is None:
                         self.env[name] = dataclasses.replace(held, optimizer=node)
+
+
+def _every_path_parts(node: ast.AST) -> list[ast.AST]:
+    """The parts of `node` every evaluation of it runs: a conditional expression's
+    test, not its branches (`a.parameters() if train_a else b.parameters()` takes
+    `a`'s parameters on one path only)."""
+    found: list[ast.AST] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        if isinstance(current, ast.IfExp):
+            todo.append(current.test)
+        else:
+            todo.extend(ast.iter_child_nodes(current))
+    return found
