@@ -9,6 +9,7 @@ import re
 
 from torchdoctor.check.analysis.default_path import on_cpu
 from torchdoctor.check.analysis.file_index import FileIndex
+from torchdoctor.check.analysis.method_facts import method_seeds, on_receiver
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
     _ASSIGNED_ATTR,
@@ -78,6 +79,8 @@ class FlowSeeds(FileIndex):
             module_class = self.is_module_class(cls)
             if func.name != "__init__" and attributes:
                 seeds.update(self._self_attribute_seeds(cls, func, self_name, module_class))
+                if module_class and call_sites and cls.name in self.project.method_classes:
+                    seeds = self._receiver_seeds(cls, func, self_name, seeds)
             if module_class and func.name == "forward":
                 for arg in params[1:]:
                     if arg.arg not in call_seeds and _looks_like_tensor_arg(func, arg):
@@ -90,6 +93,17 @@ class FlowSeeds(FileIndex):
                             is_input=True,
                         )
         return seeds
+
+    def _receiver_seeds(
+        self, cls: ast.ClassDef, func: AnyFunction, self_name: str, seeds: Env
+    ) -> Env:
+        """`seeds` with the registered attributes where the module is that other files
+        call `func` on, when the class never calls it itself (method_facts.py)."""
+        if self._method_uses(cls).get(func.name, (0, 0, []))[0]:
+            return seeds  # `self.read(...)` too: on an object the facts do not place
+        return on_receiver(
+            seeds, self_name, method_seeds(self.project, self.ctx.path, cls.name, func)[1]
+        )
 
     def _annotation_value(self, arg: ast.arg) -> Value:
         if arg.annotation is None:
@@ -286,7 +300,10 @@ class FlowSeeds(FileIndex):
         for scope_node in scopes:
             caller = self.scope(scope_node, depth=depth + 1)
             sites.extend((site, offset) for site in caller.calls if site.callee == callee)
-        remote = self.project_call_facts(callee) if cls is None or func.name == "__init__" else []
+        if cls is None or func.name == "__init__":
+            remote = self.project_call_facts(callee)
+        else:  # `model.read(x)` in another file, of a module class's method
+            remote = method_seeds(self.project, self.ctx.path, cls.name, func)[0]
         if not sites and not remote:
             return {}
         names = [p.arg for p in params]
