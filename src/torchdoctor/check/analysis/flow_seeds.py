@@ -265,6 +265,8 @@ class FlowSeeds(FileIndex):
             if uses != calls:
                 return {}  # `self.m` passed around as a value: not all calls are seen
             scopes = [m for m in callers if m is not func]
+            if len(params) <= offset and not func.args.kwonlyargs:
+                return {}  # a call binds nothing but `self`: its callers are not analysed
             instance_sites = self._instance_sites(func, cls, depth)
             if instance_sites is None:
                 return {}  # `obj.m` on an object not known to be one of this class
@@ -279,8 +281,8 @@ class FlowSeeds(FileIndex):
             scopes = [m for m in callers if m is not func]
         else:
             return {}
-        if scopes is None:
-            return {}
+        if scopes is None or (len(params) <= offset and not func.args.kwonlyargs):
+            return {}  # (no parameter a call binds: every site would give nothing)
         # submodules handed to a module's constructor are facts without any device word
         module_init = cls is not None and func.name == "__init__" and self.is_module_class(cls)
         for scope_node in scopes:
