@@ -324,6 +324,28 @@ def test_calls_resolve_into_sibling_files(tmp_path: Path) -> None:
         assert callee.file.ctx.path.endswith("engine.py")
 
 
+def test_a_sibling_is_read_again_for_another_project(tmp_path: Path) -> None:
+    """A sibling analysed for one run's project is not reused by a run over another
+    (an editor server checks many projects in one process): its facts are per project."""
+    (tmp_path / "engine.py").write_text("def evaluate(model):\n    model.eval()\n")
+    source = "from engine import evaluate\nevaluate(m)\n"
+    first = file_loops(source, path=str(tmp_path / "main.py"))
+    second = file_loops(source, path=str(tmp_path / "main.py"))
+    assert first.ctx.project is not second.ctx.project
+    siblings = []
+    for fl in (first, second):
+        call = fl.ctx.tree.body[1].value
+        assert isinstance(call, ast.Call)
+        resolved = fl.resolve(fl.module, call)
+        assert resolved is not None
+        siblings.append(resolved[0].file)
+    assert siblings[0].ctx.project is first.ctx.project
+    assert siblings[1].ctx.project is second.ctx.project
+    # within one project the analysed sibling is shared
+    again = second.resolve(second.module, second.ctx.tree.body[1].value)  # type: ignore[arg-type]
+    assert again is not None and again[0].file is siblings[1]
+
+
 # -- robustness --------------------------------------------------------------------------------
 ODD_CODE = """
 import torch

@@ -374,6 +374,9 @@ def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:
         st = os.stat(path)
     except OSError:
         return None
+    if _SIBLINGS_OF and _SIBLINGS_OF[0] is not ctx.project:
+        _forget_siblings()
+    _SIBLINGS_OF[:] = [ctx.project]
     key = (path, st.st_mtime_ns, st.st_size)
     if key in _SIBLINGS:
         _SIBLINGS.move_to_end(key)
@@ -400,6 +403,21 @@ def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:
             if _PARSED.get(where) is evicted:
                 del _PARSED[where]
     return result
+
+
+def _forget_siblings() -> None:
+    """Drop the siblings read for another project: their facts (call facts, classes of
+    other files) are that project's, so a second run in one process (an editor server,
+    the tests) must read them again. Released with the next checked file."""
+    for sibling in _SIBLINGS.values():
+        if sibling is not None:
+            _EVICTED.append(sibling)
+    _SIBLINGS.clear()
+    _PARSED.clear()
+
+
+# The project the siblings above were read for (a run checks one project).
+_SIBLINGS_OF: list[object] = []
 
 
 # The siblings held (above) by absolute path: a file the run checks after it was read
