@@ -4,9 +4,14 @@ A collate function may move what it stacks (`default_collate(b).to(device)`), so
 loader given one yields batches of unknown place. One the project defines whose code
 moves nothing and calls nothing of the project (only torch, NumPy, builtins, methods
 of its values: `torch.utils.data.default_collate(batch)`, `torch.stack(xs)`) returns
-what the samples were: CPU tensors. Found in this file (a function, a class's
-staticmethod `LazyDataset.collate`) or in the project file defining an imported class
-or function, read without running an analysis of that file.
+what the samples were: CPU tensors -- where every `return` shows a torch call's result
+(or a tuple of them, or None): lists it builds itself (`lengths.append(len(s))`) are
+not tensors, and what a library object makes (`tokenizer.pad(...)`, a BatchEncoding
+that `.to()` moves in place) is not a plain tensor either. Calls on names the function
+neither receives, binds nor imports (a module-level `tokenizer`) may do anything.
+Found in this file (a function, a class's staticmethod `LazyDataset.collate`) or in
+the project file defining an imported class or function, read without running an
+analysis of that file.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ def collate_keeps_place(ff: FileFacts, expr: ast.expr) -> bool:
     if any(word in text for word in _MOVE_WORDS):
         return False
     own = {a.arg for a in [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]}
+    own |= {n.id for n in walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    if not all(_torch_made(r.value, imports) for r in walk(func) if isinstance(r, ast.Return)):
+        return False
     for node in walk(func):
         if not isinstance(node, ast.Call):
             continue
@@ -44,8 +52,10 @@ def collate_keeps_place(ff: FileFacts, expr: ast.expr) -> bool:
                 continue  # a method of a value (`x[0].size()`, `batch.append(y)`)
             base = root.split(".", 1)[0]
             qual = imports.get(base, "")
-            if base in own or (not qual and base not in imports):
+            if base in own:
                 continue  # a method of a parameter or a local value
+            if base not in imports:
+                return False  # a module-level object's method (`tokenizer.pad`): unknown
             if not f"{qual}.".startswith(_LIBRARIES):
                 return False  # a module of the project (or unknown): may move
         elif isinstance(callee, ast.Name):
@@ -58,6 +68,25 @@ def collate_keeps_place(ff: FileFacts, expr: ast.expr) -> bool:
         else:
             return False
     return True
+
+
+def _torch_made(value: ast.expr | None, imports: dict[str, str]) -> bool:
+    """`value` (a returned expression) is None, a torch call's result
+    (`default_collate(b)`, `torch.stack(xs)`), or a tuple/list/conditional of those."""
+    if value is None or (isinstance(value, ast.Constant) and value.value is None):
+        return True
+    if isinstance(value, ast.IfExp):
+        return _torch_made(value.body, imports) and _torch_made(value.orelse, imports)
+    if isinstance(value, ast.Tuple | ast.List):
+        return bool(value.elts) and all(_torch_made(e, imports) for e in value.elts)
+    if not isinstance(value, ast.Call):
+        return False
+    name = dotted(value.func)
+    if name is None:
+        return False
+    base, _, rest = name.partition(".")
+    qual = imports.get(base, "")
+    return f"{qual}.{rest}".startswith("torch.") if rest else qual.startswith("torch.")
 
 
 def _function(
