@@ -34,6 +34,8 @@ from torchdoctor.check.analysis.values import (
 class FlowSeeds(FileIndex):
     """Seeds of parameters from call sites; FileFlow supplies the scopes."""
 
+    _cut_off: int  # seedings the depth limit cut short (FileFlow.scope keeps those apart)
+
     def scope(self, node: ScopeNode, *, callers: bool = True, depth: int = 0) -> ScopeFlow:
         raise NotImplementedError  # FileFlow.scope
 
@@ -289,13 +291,16 @@ class FlowSeeds(FileIndex):
             forward = isinstance(scope_node, ast.FunctionDef) and self.is_forward(scope_node)
             # a function may pass on what its own callers gave it (`train(model, ...)`
             # hands the moved model to `accuracy(model(x), y)`), within the depth
-            relay = (
-                not isinstance(scope_node, ast.Module)
-                and depth + 1 < self.MAX_SEED_DEPTH
-                and bool(scope_node.args.args or scope_node.args.posonlyargs)
+            passes_on = not isinstance(scope_node, ast.Module) and bool(
+                scope_node.args.args or scope_node.args.posonlyargs
             )
+            relay = passes_on and depth + 1 < self.MAX_SEED_DEPTH
             informative = forward or module_init or relay
             if not (informative or self.mentions(scope_node, *self.FACT_WORDS)):
+                if passes_on and not relay:
+                    # the depth limit, not the caller, made it uninformative: a rule's
+                    # own question (depth 0) must seed it again (file_flow.scope)
+                    self._cut_off += 1
                 return {}  # an uninformative caller: the join would be unknown anyway
         for scope_node in scopes:
             caller = self.scope(scope_node, depth=depth + 1)
