@@ -20,13 +20,16 @@ _T = TypeVar("_T")
 # ast counts lines at \n, \r\n and \r only (str.splitlines also splits at \f, \x1c, ...).
 
 
-def collect_imports(tree: ast.Module, lines: list[int] | None = None) -> dict[str, str]:
+def collect_imports(
+    tree: ast.Module, lines: list[int] | None = None, words: frozenset[str] | None = None
+) -> dict[str, str]:
     """Map each name bound by an import anywhere in the file to its dotted target.
 
     `import torch as T` -> {"T": "torch"}; `from torch import nn` -> {"nn": "torch.nn"};
     `import torch.nn` binds "torch". Relative imports keep their leading dots.
     `lines`: the lines holding the word `import` (ascending), if known: statements
-    that span none of them are skipped unread.
+    that span none of them are skipped unread. `words`: the words of the file's text
+    (`FileContext.words`), if known.
     """
     aliases: dict[str, str] = {}
     star = False
@@ -54,16 +57,20 @@ def collect_imports(tree: ast.Module, lines: list[int] | None = None) -> dict[st
             # imports inside functions, classes, if/try/match blocks count too
             todo.extend(child_statements(stmt))
     if star:
-        aliases.update(_star_conventions(tree, aliases))
+        aliases.update(_star_conventions(tree, aliases, words))
     return aliases
 
 
-def _star_conventions(tree: ast.Module, aliases: dict[str, str]) -> dict[str, str]:
+def _star_conventions(
+    tree: ast.Module, aliases: dict[str, str], words: frozenset[str] | None = None
+) -> dict[str, str]:
     """`F` -> torch.nn.functional (library.toml [imports]) for the conventional names the
     file uses but never binds: only a star import (`from models import *`) can bind them."""
     from torchdoctor.check.analysis.torch_api import STAR_CONVENTIONS
 
     wanted = {name for name in STAR_CONVENTIONS if name not in aliases}
+    if words is not None:
+        wanted &= words  # a name the text never spells is no `Name` of the tree
     if not wanted:
         return {}
     used: set[str] = set()
@@ -173,7 +180,8 @@ class FileContext:
     def imports(self) -> dict[str, str]:
         """Name bound by an import -> its dotted target (see `collect_imports`); lazy."""
         if self._imports is None:
-            self._imports = collect_imports(self.tree, self.lines_holding(["import"]))
+            lines = self.lines_holding(["import"])
+            self._imports = collect_imports(self.tree, lines, self.words)
         return self._imports
 
     def qualname(self, node: ast.AST) -> str | None:
@@ -248,8 +256,9 @@ class FileContext:
         return piece in self._word_text
 
     def call_needles(self, names: frozenset[str]) -> tuple[str, ...]:
-        """What the text of a call `call_name_in(call, names)` accepts always holds: the
-        callee's last name, or the local name an import binds to one of `names`."""
+        """What the text of a call `call_name_in(call, names)` accepts always holds, as a
+        whole word: the callee's last name, or the local name an import binds to one of
+        `names`."""
         aliases = [local for local, target in self.imports.items() if target in names]
         return (*_last_names(names), *aliases)
 

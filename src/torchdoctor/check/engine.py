@@ -265,16 +265,23 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
 
 
 def _needle_lines(ctx: FileContext, active: list[Rule]) -> list[int] | None:
-    """The lines holding a needle of a visiting rule, when every visiting rule names
-    needles (see `Rule.visit_needles`); None when the whole tree must be walked."""
+    """The lines holding a needle or naming a word of a visiting rule, when every visiting
+    rule names some (see `Rule.visit_needles`, `Rule.visit_words`); None when the whole
+    tree must be walked."""
     needles: set[str] = set()
+    words: set[str] = set()
     for rule in active:
         if rule.node_types:
             found = rule.visit_needles()
-            if found is None:
+            named = rule.visit_words()
+            if found is None and named is None:
                 return None
-            needles.update(found)
-    return ctx.lines_holding(needles)
+            needles.update(found or ())
+            words.update(named or ())
+    lines = ctx.lines_holding(needles)
+    if not words:
+        return lines
+    return sorted({*lines, *ctx.lines_naming(words)})
 
 
 # -- suppression ----------------------------------------------------------------------
