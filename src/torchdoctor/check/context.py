@@ -228,6 +228,11 @@ class FileContext:
             self._words = words_of(self.source)
         return self._words
 
+    def share_words(self, words: frozenset[str], word_text: str) -> None:
+        """Take `words_of(self.source)` and its words joined by newlines, found by the
+        caller (the engine reads them before the context exists)."""
+        self._words, self._word_text = words, word_text
+
     def holds(self, needle: str) -> bool:
         """Whether `needle` occurs in the text.
 
@@ -249,11 +254,16 @@ class FileContext:
     def _in_a_word(self, piece: str) -> bool:
         """Whether `piece` is part of a word of the text: a word itself (a set lookup),
         else a search of the distinct words, far shorter than the text."""
-        if piece in self.words:
-            return True
+        return piece in self.words or piece in self.word_text
+
+    @property
+    def word_text(self) -> str:
+        """The distinct words of the text joined by newlines: a short text that holds
+        every run of word characters of the source (a search there finds whether one
+        holds a piece)."""
         if self._word_text is None:
             self._word_text = "\n".join(self.words)
-        return piece in self._word_text
+        return self._word_text
 
     def call_needles(self, names: frozenset[str]) -> tuple[str, ...]:
         """What the text of a call `call_name_in(call, names)` accepts always holds, as a

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from torchdoctor.check.analysis.file_loops import parsed_tree
 from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings, matches
-from torchdoctor.check.context import FileContext
+from torchdoctor.check.context import FileContext, words_of
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
 from torchdoctor.check.lines import NEWLINE, as_lf, split_lines
 from torchdoctor.check.parse import parse_module
@@ -120,8 +120,12 @@ def check_source(
 
     `tree` may be passed when the caller already parsed `source` (the flake8 plugin).
     """
-    # (the regex is slow on long files: first a test any spelling of "noqa" passes)
-    if any(qa in source for qa in ("qa", "qA", "Qa", "QA")) and _FILE_NOQA.search(as_lf(source)):
+    # The words of the text, found once and shared with the context (the triggers below,
+    # the rules). The regex is slow on long files: first a test any spelling of "noqa"
+    # passes, on the distinct words (far shorter than the text; "noqa" lies in one).
+    words = words_of(source)
+    word_text = "\n".join(words)
+    if "qa" in word_text.lower() and _FILE_NOQA.search(as_lf(source)):
         file_noqa = _file_noqa_codes(source)
         if file_noqa is None:
             return []
@@ -143,6 +147,7 @@ def check_source(
         return [syntax_error_finding(f"cannot parse: {reason}; the file was not checked")]
     project = project if project is not None else build_project([source])
     ctx = FileContext(path, source, tree, project, target_version=target_version)
+    ctx.share_words(words, word_text)
     # a trigger that several rules share (`backward`, `forward`) is looked for once
     present: dict[str, bool] = {}
 
@@ -313,6 +318,8 @@ def noqa_map(source: str) -> dict[int, frozenset[str] | None]:
 
 
 def apply_noqa(findings: list[Finding], source: str) -> list[Finding]:
+    if not findings:
+        return []  # (most files: their comments are not read)
     silenced = noqa_map(source)
     if not silenced:
         return sorted(findings, key=_order)
