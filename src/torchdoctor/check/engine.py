@@ -17,6 +17,7 @@ from torchdoctor.check.context import FileContext, words_of
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
 from torchdoctor.check.lines import NEWLINE, as_lf, split_lines
 from torchdoctor.check.parse import parse_module
+from torchdoctor.check.parsed_trees import take
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
@@ -132,7 +133,8 @@ def check_source(
         rules = [r for r in rules if r.code not in file_noqa]
     try:
         if tree is None:
-            tree = parsed_tree(path, source) or parse_module(source, path)
+            # a tree a sibling read or the project index parsed serves (parsed once)
+            tree = parsed_tree(path, source) or take(path, source) or parse_module(source, path)
     except SyntaxError as exc:
         return [
             syntax_error_finding(
