@@ -190,13 +190,18 @@ class FileContext:
         `T.load` -> "torch.load" after `import torch as T`; `load` -> "torch.load"
         after `from torch import load`; `model.to` -> "model.to". Anything else: None.
         """
+        # (asked for hundreds of thousands of nodes: exact classes, the parser makes no
+        # subclasses; a bare name, the commonest, needs no join)
+        if node.__class__ is ast.Name:
+            name = node.id  # type: ignore[attr-defined]
+            return self.imports.get(name, name)
         parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
+        while node.__class__ is ast.Attribute:
+            parts.append(node.attr)  # type: ignore[attr-defined]
+            node = node.value  # type: ignore[attr-defined]
+        if node.__class__ is not ast.Name:
             return None
-        parts.append(self.imports.get(node.id, node.id))
+        parts.append(self.imports.get(node.id, node.id))  # type: ignore[attr-defined]
         return ".".join(reversed(parts))
 
     def call_name(self, node: ast.AST) -> str | None:
