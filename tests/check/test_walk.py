@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchdoctor.check.tree_walk import iter_children, walk
+from torchdoctor.check.tree_walk import block_of, iter_children, walk
 
 _TRICKY = """
 def f(a, *, b, c=1, **kw):  # a keyword-only argument without a default: None in kw_defaults
@@ -41,3 +41,36 @@ def test_walk_and_iter_children_equal_the_ast_module_on_real_code() -> None:
         assert [id(n) for n in walk(tree)] == [id(n) for n in nodes]
         for node in nodes:
             assert iter_children(node) == list(ast.iter_child_nodes(node))
+
+
+_BLOCKS = """
+try:
+    a = 1
+except ValueError:
+    b = 2
+else:
+    c = 3
+finally:
+    d = 4
+match a:
+    case 1:
+        e = 5
+"""
+
+
+def test_block_of_finds_every_statement_list_that_holds_a_statement() -> None:
+    tree = ast.parse(_BLOCKS)
+    try_, match = tree.body
+    assert isinstance(try_, ast.Try) and isinstance(match, ast.Match)
+    handler, case = try_.handlers[0], match.cases[0]
+    assert block_of(tree, try_) is tree.body
+    assert block_of(try_, try_.body[0]) is try_.body
+    assert block_of(try_, try_.orelse[0]) is try_.orelse
+    assert block_of(try_, try_.finalbody[0]) is try_.finalbody
+    # a handler's or a case's body, asked of the statement around it or of its holder
+    assert block_of(try_, handler.body[0]) == handler.body
+    assert block_of(handler, handler.body[0]) is handler.body
+    assert block_of(match, case.body[0]) == case.body
+    # not a statement of `parent`'s own lists: none
+    assert block_of(tree, handler.body[0]) == []
+    assert block_of(try_, handler) == []

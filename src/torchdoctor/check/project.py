@@ -116,6 +116,8 @@ class CallFact:
     # What the calling file imported the callee as (`utils.test`, `..models.Net`): the
     # fact seeds only a definition in a file that import can name.
     target: str = ""
+    # `Reader.read` of a module class: the module it is called on (where it is)
+    receiver: Value | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,8 @@ class ProjectIndex:
     # Callee name -> calls of it in other files that pass a moved model or a loader
     # (analysis/project_facts.py; used by the device rules' dataflow).
     call_facts: dict[str, tuple[CallFact, ...]] = field(default_factory=dict)
+    # The module classes whose own methods other files call (`Reader.read` facts above)
+    method_classes: frozenset[str] = frozenset()
     # Classes that move data to the device themselves (text_facts.moving_classes).
     moving_classes: frozenset[str] = frozenset()
     # Module classes that move themselves in `__init__` (`self.cuda()`), class name ->

@@ -152,6 +152,19 @@ def _walk(
                 todo.append(value)
 
 
+def block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt]:
+    """The statement list of `parent` that holds `child` (a body, `else`, `finally`, an
+    `except` handler's or a `case`'s body), or [] where `child` is in none of them."""
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(parent, name, None)
+        if isinstance(block, list) and any(stmt is child for stmt in block):
+            return block
+    for holder in (*getattr(parent, "handlers", ()), *getattr(parent, "cases", ())):
+        if any(stmt is child for stmt in holder.body):
+            return list(holder.body)
+    return []
+
+
 def spans_a_line(stmt: ast.stmt, lines: list[int]) -> bool:
     """Whether one of `lines` (ascending) is a line of `stmt`, its decorators included."""
     decorators = getattr(stmt, "decorator_list", None)

@@ -88,6 +88,8 @@ interpreters see the per-file objects above them only through protocols):
                   `if i == 0:`, not in a loop over one element)
 - `object_state` syntax of an object's state: the buffers a class registers, attributes
                   that hold one of several bound methods (`self.step = self._step_sub`)
+- `collate`       whether a loader's `collate_fn=` (a function of the project that moves
+                  nothing and calls nothing of the project) keeps its batches on the CPU
 - `scope_core` < `scope_exprs` < `scope_library` < `scope_moves` < `scope_methods`
   < `scope_self` < `scope_calls` < `scope_loops` < `scope`
                   the scope interpreter (one function or module body), one layer per job:
@@ -96,6 +98,10 @@ interpreters see the per-file objects above them only through protocols):
                   carries a CPU tensor attribute (and `self.step(x)` of a bound-method
                   attribute), calls followed into functions, loops run to a fixpoint,
                   statements
+- `method_facts`  calls of a project module class's own methods from other files
+                  (`model.read(images=batch)` on a moved model): the method's seeds, its
+                  registered attributes where that model is (TD112 reports the meeting
+                  in the method's file)
 - `made_results` what another file's function makes that its caller may hold (a module
                   moved to a device its parameters do not choose, loaders, containers of
                   such) and the text gate that spares files moving nothing

@@ -94,6 +94,34 @@ def _subject(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else _self_attr(node)
 
 
+def given_truth(test: ast.expr, param: str, held: Value | None) -> bool | None:
+    """The truth of `param is None` / `param is not None` where `param` holds `held`, a
+    tensor every call seen passes there (not assumed: a caller's fact): that call never
+    runs the branch its default would; None if the test or the value says nothing."""
+    if (
+        held is None
+        or held.kind not in (Kind.TENSOR, Kind.BATCH)
+        or held.place is Place.UNKNOWN
+        or held.assumed
+        or held.is_input
+        or held.default_of
+        or "." in param
+        or param.startswith("$")
+    ):
+        return None
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Is | ast.IsNot)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == param
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+    ):
+        return isinstance(test.ops[0], ast.IsNot)
+    return None
+
+
 def default_text(param: str) -> str:
     """How a message says the default path: the caller leaves out a parameter, or an
     attribute keeps the None `__init__` gives it (no method has set it yet)."""

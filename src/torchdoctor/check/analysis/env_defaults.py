@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchdoctor.check.analysis.values import ScopeNode
-from torchdoctor.check.tree_walk import child_statements, walk_lines
+from torchdoctor.check.tree_walk import block_of, child_statements, walk_lines
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -288,7 +288,7 @@ class EnvDefaults:
         if parent is None or parent is self._scope:
             return variable, True
         # around both: the same block of it, or `if` branches that exclude each other
-        block = _block_of(parent, child)
+        block = block_of(parent, child)
         line = use.lineno  # type: ignore[attr-defined]
         if block and block[0].lineno <= line <= (block[-1].end_lineno or block[-1].lineno):
             return variable, True
@@ -302,18 +302,6 @@ class EnvDefaults:
             if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno) and child_statements(stmt):
                 found.add(stmt)
         return found
-
-
-def _block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt]:
-    """The statement list of `parent` that holds `child`."""
-    for name in ("body", "orelse", "finalbody"):
-        block = getattr(parent, name, None)
-        if isinstance(block, list) and child in block:
-            return block
-    for holder in (*getattr(parent, "handlers", ()), *getattr(parent, "cases", ())):
-        if child in holder.body:
-            return list(holder.body)
-    return []
 
 
 def _binds(node: ast.AST, name: str) -> bool:

@@ -193,6 +193,11 @@ class FileFlow(FlowSeeds):
             return None
         return flow, method
 
+    def sibling_flow(self, path: str) -> FileFlow | None:
+        """The facts of the project file at `path` (another one)."""
+        other = project_file(self.ctx, path)
+        return None if other is None else _asked(file_flow(other.ctx))
+
     def foreign_function(self, qual: str, makers: bool = False) -> ForeignMethod | None:
         """The top-level function of another project file that the dotted name `qual`
         (a call's callee, imports resolved) means: `iterate_tqdm` after `from

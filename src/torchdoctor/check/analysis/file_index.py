@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.name_uses import NameUses
 from torchdoctor.check.analysis.syntax import (
     _COMPOUND_STATEMENTS,
     _DEF_OR_IMPORT,
@@ -21,7 +22,7 @@ from torchdoctor.check.analysis.values import AnyFunction, ScopeNode, Value
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import line_end, line_start
 from torchdoctor.check.project import KNOWN_MODULE_BASES
-from torchdoctor.check.tree_walk import child_statements, walk_lines
+from torchdoctor.check.tree_walk import child_statements
 
 if TYPE_CHECKING:
     from torchdoctor.check.project import ProjectIndex
@@ -58,6 +59,9 @@ class FileIndex:
         self._texts: dict[ast.AST, str] = {}
         self._uses: dict[str, list[tuple[int, bool]] | None] = {}
         self._uses_indexed = False
+        self._tree: dict[str, list[tuple[int, bool]] | None] = {}  # _tree_uses
+        self._name_uses = NameUses(ctx)
+        self._many_known = False
         self._returns: dict[AnyFunction, Value] = {}
         self._makes_factory: dict[AnyFunction, bool] = {}
         self._module_code_text: str | None = None
@@ -109,6 +113,7 @@ class FileIndex:
         self._first_call.clear()
         self._inherited.clear()
         self._reached_from.clear()
+        self._name_uses.release()
 
     def functions(self) -> list[AnyFunction]:
         """Every function and method of the file, in source order of their headers."""
@@ -395,21 +400,59 @@ class FileIndex:
 
         None when `name` is also used as a value (a callback, a decorator, a base
         class): then its calls cannot all be seen. The first few names are found in
-        the text; a file that asks about many gets one syntax-tree pass for all.
+        the text; after that (or once a name is used as a value) from the syntax tree,
+        each name on the lines naming it (`_tree_uses`). A name the tree shows no use
+        of keeps what the text said, and is read in the text while fewer than
+        TEXT_SCANS names are known to be used (`_few_known`).
         """
+        if not self._uses_indexed:
+            if name in self._uses:
+                return self._uses[name]
+            if len(self._uses) < self.TEXT_SCANS:
+                uses = self._scan_uses(name)
+                if uses is not None:
+                    self._uses[name] = uses
+                    return uses
+                self._uses_indexed = True
+                self._uses[name] = self._tree_uses(name)  # (kept: it counts as known)
+                return self._uses[name]
+            self._uses_indexed = True
+        found = self._tree_uses(name)
+        if found is None or found:
+            return found
         if name in self._uses:
             return self._uses[name]
-        if len(self._uses) >= self.TEXT_SCANS:
-            if not self._uses_indexed:
-                self._index_uses()
-            return self._uses.get(name, [])
+        if not self._few_known():
+            return []
         uses = self._scan_uses(name)
-        self._uses[name] = uses
-        return uses
+        self._uses[name] = uses or []
+        return self._uses[name]
+
+    def _tree_uses(self, name: str) -> list[tuple[int, bool]] | None:
+        if name not in self._tree:
+            known = name in self.toplevel_functions or name in self.classes
+            self._tree[name] = self._name_uses.uses(name) if known else []
+        return self._tree[name]
+
+    def _few_known(self) -> bool:
+        """Whether fewer than TEXT_SCANS names were read in the text or have a use in
+        the tree (the names one walk of the whole tree would have listed)."""
+        if self._many_known:
+            return False
+        known = len(self._uses)
+        for name in self.toplevel_functions.keys() | self.classes.keys():
+            if name not in self._uses:
+                found = self._tree_uses(name)
+                known += found is None or bool(found)
+            if known >= self.TEXT_SCANS:
+                self._many_known = True  # (names are only added)
+                return False
+        return True
 
     def _scan_uses(self, name: str) -> list[tuple[int, bool]] | None:
-        """`name(` is a call; `name` followed by `,` `)` `]` `}` or a line end is a value;
-        prose in a docstring (`name the ...`) is neither."""
+        """`name(` is a call; `name` followed by `,` `)` `]` `}` or a line end is a value
+        (then None: the syntax tree tells); prose in a docstring (`name the ...`) is
+        neither."""
         source = self.ctx.source
         uses: list[tuple[int, bool]] = []
         start = source.find(name)
@@ -431,34 +474,9 @@ class FileIndex:
                 ):
                     # a value, or prose in a comment or docstring (`# train, test, and
                     # DataLoader`): the syntax tree tells
-                    if not self._uses_indexed:
-                        self._index_uses()
-                    return self._uses.get(name, [])
+                    return None
             start = source.find(name, end)
         return uses
-
-    def _index_uses(self) -> None:
-        """Every use of every top-level name, in one walk of the tree."""
-        self._uses_indexed = True
-        names = self.toplevel_functions.keys() | self.classes.keys()
-        uses: dict[str, list[tuple[int, bool]] | None] = {}
-        called: set[int] = set()
-        lines = self.ctx.lines_naming(names)  # a use is on a line that holds the name
-        for node in walk_lines(self.ctx.tree, lines):  # a call before its callee
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                if node.func.id in names:
-                    found = uses.setdefault(node.func.id, [])
-                    if found is not None:
-                        found.append((node.lineno, True))
-                    called.add(id(node.func))
-            elif (
-                isinstance(node, ast.Name)
-                and node.id in names
-                and isinstance(node.ctx, ast.Load)
-                and id(node) not in called
-            ):
-                uses[node.id] = None
-        self._uses.update(uses)
 
     def _method_uses(self, cls: ast.ClassDef) -> dict[str, tuple[int, int, list[AnyFunction]]]:
         """Per method name `m`: (uses of `self.m`, calls `self.m(`, the methods calling it),

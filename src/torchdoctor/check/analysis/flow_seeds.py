@@ -9,6 +9,7 @@ import re
 
 from torchdoctor.check.analysis.default_path import on_cpu
 from torchdoctor.check.analysis.file_index import FileIndex
+from torchdoctor.check.analysis.method_facts import method_seeds, on_receiver
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import (
     _ASSIGNED_ATTR,
@@ -78,6 +79,8 @@ class FlowSeeds(FileIndex):
             module_class = self.is_module_class(cls)
             if func.name != "__init__" and attributes:
                 seeds.update(self._self_attribute_seeds(cls, func, self_name, module_class))
+                if module_class and call_sites and cls.name in self.project.method_classes:
+                    seeds = self._receiver_seeds(cls, func, self_name, seeds)
             if module_class and func.name == "forward":
                 for arg in params[1:]:
                     if arg.arg not in call_seeds and _looks_like_tensor_arg(func, arg):
@@ -90,6 +93,17 @@ class FlowSeeds(FileIndex):
                             is_input=True,
                         )
         return seeds
+
+    def _receiver_seeds(
+        self, cls: ast.ClassDef, func: AnyFunction, self_name: str, seeds: Env
+    ) -> Env:
+        """`seeds` with the registered attributes where the module is that other files
+        call `func` on, when the class never calls it itself (method_facts.py)."""
+        if self._method_uses(cls).get(func.name, (0, 0, []))[0]:
+            return seeds  # `self.read(...)` too: on an object the facts do not place
+        return on_receiver(
+            seeds, self_name, method_seeds(self.project, self.ctx.path, cls.name, func)[1]
+        )
 
     def _annotation_value(self, arg: ast.arg) -> Value:
         if arg.annotation is None:
@@ -251,6 +265,8 @@ class FlowSeeds(FileIndex):
             if uses != calls:
                 return {}  # `self.m` passed around as a value: not all calls are seen
             scopes = [m for m in callers if m is not func]
+            if len(params) <= offset and not func.args.kwonlyargs:
+                return {}  # a call binds nothing but `self`: its callers are not analysed
             instance_sites = self._instance_sites(func, cls, depth)
             if instance_sites is None:
                 return {}  # `obj.m` on an object not known to be one of this class
@@ -265,8 +281,8 @@ class FlowSeeds(FileIndex):
             scopes = [m for m in callers if m is not func]
         else:
             return {}
-        if scopes is None:
-            return {}
+        if scopes is None or (len(params) <= offset and not func.args.kwonlyargs):
+            return {}  # (no parameter a call binds: every site would give nothing)
         # submodules handed to a module's constructor are facts without any device word
         module_init = cls is not None and func.name == "__init__" and self.is_module_class(cls)
         for scope_node in scopes:
@@ -284,7 +300,10 @@ class FlowSeeds(FileIndex):
         for scope_node in scopes:
             caller = self.scope(scope_node, depth=depth + 1)
             sites.extend((site, offset) for site in caller.calls if site.callee == callee)
-        remote = self.project_call_facts(callee) if cls is None or func.name == "__init__" else []
+        if cls is None or func.name == "__init__":
+            remote = self.project_call_facts(callee)
+        else:  # `model.read(x)` in another file, of a module class's method
+            remote = method_seeds(self.project, self.ctx.path, cls.name, func)[0]
         if not sites and not remote:
             return {}
         names = [p.arg for p in params]

@@ -29,6 +29,7 @@ from torchdoctor.check.analysis.grad_contexts import (
     outside_calls,
 )
 from torchdoctor.check.analysis.grad_hooks import clamping_hooks, may_register_clamps
+from torchdoctor.check.analysis.method_facts import method_fact_name, portable
 from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
 from torchdoctor.check.analysis.saved_objects import project_saves
 from torchdoctor.check.analysis.text_facts import (
@@ -62,6 +63,8 @@ from torchdoctor.check.tree_walk import walk_lines
 # A call that hands a loader to a function: `evaluate(model, val_loader)`.
 _LOADER_ARGUMENT = re.compile(r"\w\s*\([^()\r\n]*(?:loader|Loader|_dl\b)")
 _MOVES = (".to(", ".cuda(")
+# A loop over a loader: `for x in loader:`, `for i, b in enumerate(val_loader):`.
+_FOR_IN_LOADER = re.compile(r"for[ \t][^\r\n:]*?\bin\b[^\r\n:]*?(?:loader|Loader|_dl\b)")
 
 
 def _contexts(index: ProjectIndex, files: Iterable[tuple[str, str]]) -> Iterator[FileContext]:
@@ -81,12 +84,16 @@ def _contexts(index: ProjectIndex, files: Iterable[tuple[str, str]]) -> Iterator
 
 
 def collect(
-    index: ProjectIndex, files: Iterable[tuple[str, str]]
+    index: ProjectIndex,
+    files: Iterable[tuple[str, str]],
+    method_only: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[CallFact, ...]]:
-    """Callee name -> the facts of its calls in `files` ((path, text) pairs)."""
+    """Callee name -> the facts of its calls in `files` ((path, text) pairs); of the
+    files in `method_only`, the calls of module classes' methods only."""
     facts: dict[str, list[CallFact]] = {}
     for ctx in _contexts(index, files):
         path, tree = ctx.path, ctx.tree
+        methods_only = path in method_only
         ff = file_flow(ctx)
         local = {
             stmt.name
@@ -105,16 +112,26 @@ def collect(
                 scope = ff.scope(node)  # type: ignore[arg-type]
                 for site in scope.calls:
                     name = site.callee
-                    if name in local or name not in imported or "." in name:
+                    receiver = None
+                    send = _portable
+                    if site.receiver is not None:
+                        method = method_fact_name(site, imported, local)
+                        if method is None:
+                            continue
+                        receiver, send = portable(site.receiver, path), portable
+                        target = ctx.imports[name.split(".", 1)[0]]
+                    elif methods_only or name in local or name not in imported or "." in name:
                         continue
-                    args = tuple(_portable(v, path) for v in site.args)
-                    keywords = tuple((k, _portable(v, path)) for k, v in site.keywords)
+                    else:
+                        target = ctx.imports[name]
+                    args = tuple(send(v, path) for v in site.args)
+                    keywords = tuple((k, send(v, path)) for k, v in site.keywords)
                     if not any(v is not UNKNOWN for v in args) and not any(
                         v is not UNKNOWN for _, v in keywords
                     ):
                         continue
                     facts.setdefault(name, []).append(
-                        CallFact(name, path, args, keywords, site.opaque, ctx.imports[name])
+                        CallFact(name, path, args, keywords, site.opaque, target, receiver)
                     )
         except RecursionError:
             continue
@@ -155,6 +172,9 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     # files that pass a loader on without moving anything: candidates if they build a
     # class that moves itself (known only once every file is scanned)
     unmoved: list[tuple[str, str]] = []
+    # files that move something and iterate a loader, passing no loader on: what they
+    # pass a project module's own method (`model.read(images=batch)`) only
+    iterating: list[tuple[str, str]] = []
     class_files: dict[str, list[str]] = {}
     calling: dict[str, list[str]] = {}  # method name -> files calling it (not on self)
     cuda_defaults: dict[str, CudaDefault] = {}
@@ -196,6 +216,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         moves = loads and any(m in source for m in _MOVES)
         if moves and _LOADER_ARGUMENT.search(source) is not None:
             candidates.append((path, source))
+        elif moves and _FOR_IN_LOADER.search(source) is not None:
+            iterating.append((path, source))  # may call a module's method on a batch
         elif loads and not moves:
             unmoved.append((path, source))
         if ("DataParallel" in source or "DDP" in source) and _WRAPS.search(source):
@@ -238,8 +260,14 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         candidates += builder_callers(index, passing)
     index.parameter_classes = index.subclasses_of(parameters)
     index.logit_losses = index.module_classes.intersection(logit_losses)
+    if iterating and index.module_classes:
+        candidates += iterating
     if candidates and count > 1:  # a lone file sees its own calls directly
-        index.call_facts = collect(index, candidates)
+        method_only = frozenset(path for path, _ in iterating)
+        index.call_facts = collect(index, candidates, method_only)
+        index.method_classes = frozenset(
+            name.split(".", 1)[0] for name in index.call_facts if "." in name
+        )
     if wrapping and count > 1:  # a lone file sees its own wraps
         index.wrapping_files = tuple(wrapping)
         index.wrapped_build = _wrapped_arguments

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.default_path import keep_default_env
+from torchdoctor.check.analysis.default_path import given_truth, keep_default_env
 from torchdoctor.check.analysis.interfaces import FileFacts
 from torchdoctor.check.analysis.scope_loops import ScopeLoops
 from torchdoctor.check.analysis.syntax import _is_main_guard, _is_no_grad_context, dotted
@@ -150,6 +150,12 @@ class ScopeFlow(ScopeLoops):
             return
         before = self.env
         assert before is not None
+        omitted = self.when_omitted(stmt.test)
+        if omitted is not None:
+            truth = given_truth(stmt.test, omitted[0], before.get(omitted[0]))
+            if truth is not None:  # every call seen passes a tensor: one branch runs
+                self._exec_block(stmt.body if truth else stmt.orelse)
+                return
         start = self._tick
         self.env = dict(before)
         self._exec_block(stmt.body)
@@ -158,7 +164,6 @@ class ScopeFlow(ScopeLoops):
         middle = self._tick
         self._exec_block(stmt.orelse)
         joined = self._join_branches(after_body, self.env, start, middle)
-        omitted = self.when_omitted(stmt.test)
         if omitted is not None and joined is not None:
             default_env = after_body if omitted[1] else self.env
             if default_env is not None:

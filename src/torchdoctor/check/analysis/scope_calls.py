@@ -141,6 +141,7 @@ class ScopeCalls(ScopeSelf):
         if not self._recording:
             return
         func = node.func
+        module: Value | None = None
         if isinstance(func, ast.Name):
             name = func.id
         elif (
@@ -152,17 +153,19 @@ class ScopeCalls(ScopeSelf):
             name = f"self.{func.attr}"
         elif isinstance(func, ast.Attribute) and recv is not None and recv.kind is Kind.OBJECT:
             name = f"{recv.cls}.{func.attr}"  # a method of the file's class, on an instance
+        elif (
+            isinstance(func, ast.Attribute)
+            and recv is not None
+            and recv.kind is Kind.MODULE
+            and recv.cls in self.ff.project.module_classes
+        ):
+            # a method of a project module class (`model.read(images=x)`): its definition
+            # in another file is seeded from it (project_facts.collect, method_facts.py)
+            name, module = f"{recv.cls}.{func.attr}", recv
         else:
             return
-        self.calls.append(
-            CallSite(
-                name,
-                node,
-                tuple(args),
-                tuple((k, v) for k, v in keywords if k is not None),
-                opaque,
-            )
-        )
+        kept = tuple((k, v) for k, v in keywords if k is not None)
+        self.calls.append(CallSite(name, node, tuple(args), kept, opaque, module))
 
     def _forget_mutated(self, node: ast.Call, recv: Value | None) -> None:
         """A dropped call of unknown effect may move or change its arguments in place."""

@@ -79,7 +79,8 @@ class ScopeCore:
         self._no_grad = 0
         # inside `with torch.device(...):` (or the file sets a default device): factories
         # without `device=` make tensors on that device
-        self._default_device = 1 if "set_default_device" in ff.ctx.source else 0
+        # (a word test, not a search of the text: a file's every scope asks)
+        self._default_device = 1 if ff.ctx.holds("set_default_device") else 0
         self._loops: list[_LoopFrame] = []
         self._statement_call: ast.Call | None = None
         self.env: Env | None = None
@@ -205,8 +206,17 @@ class ScopeCore:
         if isinstance(self.node, ast.Module):
             return self.ff.module_assigns(name)
         if self._locals is None:
-            self._locals = _local_names(self.node)
+            self._locals = self._local_names()
         return name in self._locals
+
+    def _local_names(self) -> frozenset[str]:
+        """`syntax._local_names` of the function, once per file: a function is run
+        many times (callers seeded or not, each call followed with its arguments)."""
+        cache: dict[int, frozenset[str]] = self.ctx.shared("scope.locals", lambda _: {})
+        found = cache.get(id(self.node))
+        if found is None:
+            found = cache[id(self.node)] = _local_names(self.node)  # type: ignore[arg-type]
+        return found
 
     def global_value(self, root: str, key: str) -> Value:
         """The module-level value of `key` (a name or `name.attr`), if `root` is not local."""
@@ -219,7 +229,7 @@ class ScopeCore:
         if key not in self._globals:
             return UNKNOWN
         if self._locals is None:
-            self._locals = _local_names(self.node)
+            self._locals = self._local_names()
         return UNKNOWN if root in self._locals else self._globals[key]
 
     def _touch(self, key: str) -> None:

@@ -90,6 +90,16 @@ def calls_on_lines(
     return found
 
 
+def calls_in(node: ast.AST, lines: list[int]) -> list[ast.Call]:
+    """`calls_on_lines(ctx, lines, spanning=True)`'s calls that lie in the function
+    `node` (its decorators and defaults included; those of a class body defined in it
+    left out), found without walking the rest of the file: for a question about one
+    function, asked of few."""
+    found: list[tuple[ast.AST, ast.Call]] = []
+    _calls_of(node, node, lines, found, True)
+    return [call for _, call in found]
+
+
 def _calls_of(
     node: ast.AST,
     scope: ast.AST | None,

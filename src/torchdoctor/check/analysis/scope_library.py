@@ -7,6 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis import distributions
+from torchdoctor.check.analysis.collate import collate_keeps_place
 from torchdoctor.check.analysis.scope_exprs import ScopeExprs
 from torchdoctor.check.analysis.syntax import _is_zero, dotted
 from torchdoctor.check.analysis.torch_api import (
@@ -28,7 +29,6 @@ from torchdoctor.check.analysis.torch_api import (
     legacy_type_place,
 )
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Place, Value
-from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
     pass
@@ -111,6 +111,13 @@ class ScopeLibrary(ScopeExprs):
             return Value(Kind.DATASET, place, cls=last, assumed=moving, line=node.lineno)
         if last.startswith("Auto") and "Model" in qual and ".from_pretrained" in f".{qual}":
             return Value(Kind.MODULE, name="", cls=last, line=node.lineno, source=node, fresh=True)
+        if last == "from_pretrained" and self._is_module_class(qual[: -len(".from_pretrained")]):
+            # `Reader.from_pretrained(path)` of a module class (the project's, a library's):
+            # an instance of it, loaded where `device_map=` says (on the CPU without one)
+            if any(kw.arg in ("device_map", None) for kw in node.keywords):
+                return None
+            owner = qual[: -len(".from_pretrained")].rsplit(".", 1)[-1]
+            return Value(Kind.MODULE, cls=owner, line=node.lineno, source=node, fresh=True)
         if qual.startswith("timm.") and last == "create_model":
             return Value(Kind.MODULE, cls="timm", line=node.lineno, source=node, fresh=True)
         if qual.startswith("torchvision.models.") and last[:1].islower():
@@ -212,7 +219,7 @@ class ScopeLibrary(ScopeExprs):
                 value = kw.value
                 given = value.value if isinstance(value, ast.Constant) else None
                 pinned = given if isinstance(given, bool) else None
-            elif kw.arg == "collate_fn":
+            elif kw.arg == "collate_fn" and not collate_keeps_place(self.ff, kw.value):
                 place = Place.UNKNOWN  # a collate function may move the batch
         if dataset.place is not Place.UNKNOWN:
             place = dataset.place
@@ -454,7 +461,7 @@ class ScopeLibrary(ScopeExprs):
         """Mark each `model` whose `model.parameters()` feeds this optimizer."""
         if self.env is None:
             return
-        for sub in walk(node):
+        for sub in _every_path_parts(node):
             if (
                 isinstance(sub, ast.Call)
                 and isinstance(sub.func, ast.Attribute)
@@ -469,3 +476,19 @@ class ScopeLibrary(ScopeExprs):
                     held = self.env.get(name)
                     if held is not None and held.kind is Kind.MODULE and held.optimizer is None:
                         self.env[name] = dataclasses.replace(held, optimizer=node)
+
+
+def _every_path_parts(node: ast.AST) -> list[ast.AST]:
+    """The parts of `node` every evaluation of it runs: a conditional expression's
+    test, not its branches (`a.parameters() if train_a else b.parameters()` takes
+    `a`'s parameters on one path only)."""
+    found: list[ast.AST] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        if isinstance(current, ast.IfExp):
+            todo.append(current.test)
+        else:
+            todo.extend(ast.iter_child_nodes(current))
+    return found

@@ -272,6 +272,8 @@ class CallSite:
     args: tuple[Value, ...]
     keywords: tuple[tuple[str, Value], ...]
     opaque: bool  # *args or **kwargs: the argument positions are not known
+    # the object a method of another file's module class is called on (`model.read(x)`)
+    receiver: Value | None = None
 
 
 def _tensor_kind(value: Value) -> Kind:

@@ -9,7 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.gpu_gates import always_run_calls, calls_cuda_only
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import block_of, walk
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -112,8 +112,8 @@ class CudaChoice:
                 return True  # a `gpu_ids` / `use_cuda` parameter: the caller decides
         elif isinstance(parent, ast.Module) and self._file_is_gated():
             return True
-        block = _block_of(parent, child)
-        return block is not None and (
+        block = block_of(parent, child)
+        return bool(block) and (
             self._exits_earlier(block, child) or self._block_is_cuda_only(block)
         )
 
@@ -230,12 +230,3 @@ def _ends_with_exit(body: list[ast.stmt]) -> bool:
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
         return bool(_EXIT_CALLS.search(name))
     return False
-
-
-def _block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt] | None:
-    """The statement list of `parent` (body, else, finally) holding `child`."""
-    for field in ("body", "orelse", "finalbody"):
-        block = getattr(parent, field, None)
-        if isinstance(block, list) and any(stmt is child for stmt in block):
-            return block
-    return None

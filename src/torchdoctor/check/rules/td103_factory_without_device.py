@@ -10,7 +10,7 @@ from torchdoctor.check.analysis.default_path import default_text
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.scope import ScopeFlow
-from torchdoctor.check.analysis.scope_index import calls_on_lines
+from torchdoctor.check.analysis.scope_index import calls_in
 from torchdoctor.check.analysis.syntax import own_code
 from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Mismatch, Place
@@ -94,7 +94,8 @@ class FactoryWithoutDevice(Rule):
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
-        self._cpu_lines: list[int] | None = None  # lines of factory calls the CPU gets
+        self._factory_lines: list[int] | None = None  # lines that name a factory
+        self._cpu_in: dict[AnyFunction, bool] = {}  # functions holding a CPU factory call
 
     def finish(self) -> None:
         ff = file_flow(self.ctx)
@@ -147,12 +148,22 @@ class FactoryWithoutDevice(Rule):
         return any(self._cpu_factories(f) for f in (func, *self._helpers(func)))
 
     def _cpu_factories(self, func: AnyFunction) -> bool:
-        if self._cpu_lines is None:  # found once per file, on the lines that name a factory
-            lines = self.ctx.lines_holding(_FACTORY_NAMES_CALLED)
-            calls = calls_on_lines(self.ctx, lines, spanning=True)
-            self._cpu_lines = sorted({c.lineno for _, c in calls if self._cpu_factory(c)})
-        at = bisect.bisect_left(self._cpu_lines, func.lineno)
-        return at < len(self._cpu_lines) and self._cpu_lines[at] <= (func.end_lineno or 0)
+        """Whether a call of the function's lines is one (once per function: only the
+        functions the rule asks about are walked, on their lines that name a factory)."""
+        found = self._cpu_in.get(func)
+        if found is None:
+            if self._factory_lines is None:
+                self._factory_lines = self.ctx.lines_holding(_FACTORY_NAMES_CALLED)
+            first, last = func.lineno, func.end_lineno or 0
+            lines = self._factory_lines
+            lines = lines[bisect.bisect_left(lines, first) : bisect.bisect_right(lines, last)]
+            # (a call starting on the function's lines lies in it, as every line it spans)
+            found = bool(lines) and any(
+                first <= call.lineno <= last and self._cpu_factory(call)
+                for call in calls_in(func, lines)
+            )
+            self._cpu_in[func] = found
+        return found
 
     def _cpu_factory(self, call: ast.Call) -> bool:
         """A torch factory call made on the CPU whatever the values: no `device=`, or

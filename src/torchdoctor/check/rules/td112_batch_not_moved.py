@@ -47,7 +47,9 @@ class BatchNotMoved(Rule):
     training loop has, labels or masks left behind while the inputs move, hidden
     states created on the CPU, and `x.to(device)` whose result was dropped. It
     follows models and loaders into helper functions (`evaluate(model, val_loader)`),
-    also when the helper lives in another file. What a tokenizer or a processor
+    also when the helper lives in another file, and into a method of a model class
+    that another file calls on the model it moved (`model.read(images=batch)`): the
+    meeting is reported in the method. What a tokenizer or a processor
     returns with `return_tensors="pt"` is made on the CPU too, and
     `model.generate(...)` runs the model on the tensors it is given.
 
@@ -110,10 +112,12 @@ class BatchNotMoved(Rule):
         weak = lines_matching(self.ctx, ("batch",), _FOR_IN_BATCHES)
         # module-level code (a script, a notebook) is cheap: analysed whenever it moves
         script = any(m in source for m in _MOVES)
-        if not strong and not weak and not script:
+        called = self._called_methods()
+        if not strong and not weak and not script and not called:
             return
         ff = file_flow(self.ctx)
         scopes: list[ScopeNode] = [ff.ctx.tree] if script else []
+        scopes += called
         scopes += [s for s in ff.scopes_at(strong) if s not in scopes]
         scopes += [s for s in ff.scopes_at(weak) if s not in scopes and ff.mentions(s, *_MOVES)]
         if script:
@@ -145,9 +149,29 @@ class BatchNotMoved(Rule):
         for node in scopes:
             if not isinstance(node, ast.Module):
                 cls = ff.class_of(node)
-                if cls is not None and ff.is_module_class(cls):
+                if cls is not None and ff.is_module_class(cls) and node not in called:
                     continue  # inside a module: TD103/TD104 speak about its tensors
             self._check_scope(ff.scope(node))
+
+    def _called_methods(self) -> list[ScopeNode]:
+        """Methods of the file's module classes that other files call on a module they
+        hold (`model.read(images=batch)`, analysis/method_facts.py): what those calls
+        pass meets the module's layers here."""
+        project = self.ctx.project
+        wanted = project.method_classes
+        if not wanted or not any(f"class {name}" in self.ctx.source for name in wanted):
+            return []
+        ff = file_flow(self.ctx)
+        found: list[ScopeNode] = []
+        for name, cls in ff.classes.items():
+            if name not in wanted or not ff.is_module_class(cls):
+                continue
+            for method_name, method in ff.methods(cls).items():
+                if method_name in ("__init__", "forward"):
+                    continue
+                if project.call_facts_for(f"{name}.{method_name}", self.ctx.path):
+                    found.append(method)
+        return found
 
     def _check_scope(self, scope: ScopeFlow) -> None:
         by_site: dict[ast.AST, list[Mismatch]] = {}
