@@ -85,3 +85,41 @@ def test_in_place_text_tests_answer_as_their_regexes() -> None:
     for text in texts:
         assert may_write_leaf(text) == (LEAF_WRITE.search(text) is not None), text[:60]
         assert may_write_saved(text) == (SAVED_WRITE.search(text) is not None), text[:60]
+
+
+def test_td215_leaves_out_only_methods_whose_walk_finds_nothing() -> None:
+    """TD215's `_may_matter` skips a method only where `_Method` finds no returned grad
+    value and no in-place write of a saved tensor (walked here with every method of
+    the class taken to return one: the most a summary pass can know)."""
+    from torchdoctor.check.rules.td215_inplace_on_saved_tensor import (
+        InplaceOnSavedTensor,
+        _may_matter,
+        _Method,
+        _State,
+    )
+
+    paths = sorted((Path(__file__).parent / "fixtures").rglob("*.py"))
+    sources = [p.read_text(encoding="utf-8") for p in paths]
+    project = build_project(sources)
+    skipped = kept = 0
+    for path, source in zip(paths, sources, strict=True):
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        ctx = FileContext(str(path), source, tree, project)
+        rule = InplaceOnSavedTensor(ctx)
+        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+            layers = rule._layers(ctx, cls)
+            methods = [m for m in cls.body if isinstance(m, ast.FunctionDef)]
+            every = {m.name for m in methods}
+            for method in methods:
+                if _may_matter(ctx, method, True, layers):
+                    kept += 1
+                    continue
+                skipped += 1
+                found: list[tuple[ast.AST, str, str]] = []
+                walker = _Method(rule, ctx, layers, set(every), found)
+                walker.block(method.body, _State(), False)
+                assert not walker.returns_grad and not found, (path.name, method.name)
+    assert skipped > 50 and kept > 50

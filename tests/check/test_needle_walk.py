@@ -87,6 +87,20 @@ def test_only_statements_holding_a_needle_are_walked() -> None:
     )
 
 
+class _SeenWords(_SeenCalls):
+    """Promises whole words: `save`, not the `saves` of the decorator."""
+
+    code = "TD992"
+    needles = None
+
+    def visit_words(self) -> tuple[str, ...] | None:
+        return ("save",)
+
+
+def test_words_walk_only_statements_naming_them() -> None:
+    assert _seen(_SeenWords) == [("torch.save", "write")]
+
+
 def test_a_visiting_rule_without_needles_walks_the_whole_tree() -> None:
     seen = _seen(_SeenCalls, _AllCalls)
     assert ("print", "train") in seen and ("other", "write") in seen
@@ -109,11 +123,12 @@ def test_every_needle_promise_holds_on_the_fixtures_and_examples(
 ) -> None:
     paths = sorted(p for p in FIXTURES.rglob("*.py") if not p.name.endswith(".fixed.py"))
     paths += sorted((ROOT / "examples").rglob("*.py"))
-    needled = [r for r in rule_classes() if "visit_needles" in vars(r)]
+    needled = [r for r in rule_classes() if {"visit_needles", "visit_words"} & vars(r).keys()]
     assert len(needled) >= 8
     with_needles = _all_findings(paths)
     for rule in needled:
         monkeypatch.setattr(rule, "visit_needles", Rule.visit_needles)
+        monkeypatch.setattr(rule, "visit_words", Rule.visit_words)
     whole_tree = _all_findings(paths)
     assert with_needles == whole_tree
     assert {code for _, code, _, _ in whole_tree} >= {r.code for r in needled}

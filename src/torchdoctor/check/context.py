@@ -20,13 +20,16 @@ _T = TypeVar("_T")
 # ast counts lines at \n, \r\n and \r only (str.splitlines also splits at \f, \x1c, ...).
 
 
-def collect_imports(tree: ast.Module, lines: list[int] | None = None) -> dict[str, str]:
+def collect_imports(
+    tree: ast.Module, lines: list[int] | None = None, words: frozenset[str] | None = None
+) -> dict[str, str]:
     """Map each name bound by an import anywhere in the file to its dotted target.
 
     `import torch as T` -> {"T": "torch"}; `from torch import nn` -> {"nn": "torch.nn"};
     `import torch.nn` binds "torch". Relative imports keep their leading dots.
     `lines`: the lines holding the word `import` (ascending), if known: statements
-    that span none of them are skipped unread.
+    that span none of them are skipped unread. `words`: the words of the file's text
+    (`FileContext.words`), if known.
     """
     aliases: dict[str, str] = {}
     star = False
@@ -54,16 +57,20 @@ def collect_imports(tree: ast.Module, lines: list[int] | None = None) -> dict[st
             # imports inside functions, classes, if/try/match blocks count too
             todo.extend(child_statements(stmt))
     if star:
-        aliases.update(_star_conventions(tree, aliases))
+        aliases.update(_star_conventions(tree, aliases, words))
     return aliases
 
 
-def _star_conventions(tree: ast.Module, aliases: dict[str, str]) -> dict[str, str]:
+def _star_conventions(
+    tree: ast.Module, aliases: dict[str, str], words: frozenset[str] | None = None
+) -> dict[str, str]:
     """`F` -> torch.nn.functional (library.toml [imports]) for the conventional names the
     file uses but never binds: only a star import (`from models import *`) can bind them."""
     from torchdoctor.check.analysis.torch_api import STAR_CONVENTIONS
 
     wanted = {name for name in STAR_CONVENTIONS if name not in aliases}
+    if words is not None:
+        wanted &= words  # a name the text never spells is no `Name` of the tree
     if not wanted:
         return {}
     used: set[str] = set()
@@ -173,7 +180,8 @@ class FileContext:
     def imports(self) -> dict[str, str]:
         """Name bound by an import -> its dotted target (see `collect_imports`); lazy."""
         if self._imports is None:
-            self._imports = collect_imports(self.tree, self.lines_holding(["import"]))
+            lines = self.lines_holding(["import"])
+            self._imports = collect_imports(self.tree, lines, self.words)
         return self._imports
 
     def qualname(self, node: ast.AST) -> str | None:
@@ -182,13 +190,18 @@ class FileContext:
         `T.load` -> "torch.load" after `import torch as T`; `load` -> "torch.load"
         after `from torch import load`; `model.to` -> "model.to". Anything else: None.
         """
+        # (asked for hundreds of thousands of nodes: exact classes, the parser makes no
+        # subclasses; a bare name, the commonest, needs no join)
+        if node.__class__ is ast.Name:
+            name = node.id  # type: ignore[attr-defined]
+            return self.imports.get(name, name)
         parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
+        while node.__class__ is ast.Attribute:
+            parts.append(node.attr)  # type: ignore[attr-defined]
+            node = node.value  # type: ignore[attr-defined]
+        if node.__class__ is not ast.Name:
             return None
-        parts.append(self.imports.get(node.id, node.id))
+        parts.append(self.imports.get(node.id, node.id))  # type: ignore[attr-defined]
         return ".".join(reversed(parts))
 
     def call_name(self, node: ast.AST) -> str | None:
@@ -220,6 +233,11 @@ class FileContext:
             self._words = words_of(self.source)
         return self._words
 
+    def share_words(self, words: frozenset[str], word_text: str) -> None:
+        """Take `words_of(self.source)` and its words joined by newlines, found by the
+        caller (the engine reads them before the context exists)."""
+        self._words, self._word_text = words, word_text
+
     def holds(self, needle: str) -> bool:
         """Whether `needle` occurs in the text.
 
@@ -241,15 +259,21 @@ class FileContext:
     def _in_a_word(self, piece: str) -> bool:
         """Whether `piece` is part of a word of the text: a word itself (a set lookup),
         else a search of the distinct words, far shorter than the text."""
-        if piece in self.words:
-            return True
+        return piece in self.words or piece in self.word_text
+
+    @property
+    def word_text(self) -> str:
+        """The distinct words of the text joined by newlines: a short text that holds
+        every run of word characters of the source (a search there finds whether one
+        holds a piece)."""
         if self._word_text is None:
             self._word_text = "\n".join(self.words)
-        return piece in self._word_text
+        return self._word_text
 
     def call_needles(self, names: frozenset[str]) -> tuple[str, ...]:
-        """What the text of a call `call_name_in(call, names)` accepts always holds: the
-        callee's last name, or the local name an import binds to one of `names`."""
+        """What the text of a call `call_name_in(call, names)` accepts always holds, as a
+        whole word: the callee's last name, or the local name an import binds to one of
+        `names`."""
         aliases = [local for local, target in self.imports.items() if target in names]
         return (*_last_names(names), *aliases)
 

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 from torchdoctor.check.analysis.file_loops import parsed_tree
 from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings, matches
-from torchdoctor.check.context import FileContext
+from torchdoctor.check.context import FileContext, words_of
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
 from torchdoctor.check.lines import NEWLINE, as_lf, split_lines
 from torchdoctor.check.parse import parse_module
+from torchdoctor.check.parsed_trees import take
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
@@ -120,15 +121,20 @@ def check_source(
 
     `tree` may be passed when the caller already parsed `source` (the flake8 plugin).
     """
-    # (the regex is slow on long files: first a test any spelling of "noqa" passes)
-    if any(qa in source for qa in ("qa", "qA", "Qa", "QA")) and _FILE_NOQA.search(as_lf(source)):
+    # The words of the text, found once and shared with the context (the triggers below,
+    # the rules). The regex is slow on long files: first a test any spelling of "noqa"
+    # passes, on the distinct words (far shorter than the text; "noqa" lies in one).
+    words = words_of(source)
+    word_text = "\n".join(words)
+    if "qa" in word_text.lower() and _FILE_NOQA.search(as_lf(source)):
         file_noqa = _file_noqa_codes(source)
         if file_noqa is None:
             return []
         rules = [r for r in rules if r.code not in file_noqa]
     try:
         if tree is None:
-            tree = parsed_tree(path, source) or parse_module(source, path)
+            # a tree a sibling read or the project index parsed serves (parsed once)
+            tree = parsed_tree(path, source) or take(path, source) or parse_module(source, path)
     except SyntaxError as exc:
         return [
             syntax_error_finding(
@@ -143,6 +149,7 @@ def check_source(
         return [syntax_error_finding(f"cannot parse: {reason}; the file was not checked")]
     project = project if project is not None else build_project([source])
     ctx = FileContext(path, source, tree, project, target_version=target_version)
+    ctx.share_words(words, word_text)
     # a trigger that several rules share (`backward`, `forward`) is looked for once
     present: dict[str, bool] = {}
 
@@ -265,16 +272,23 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
 
 
 def _needle_lines(ctx: FileContext, active: list[Rule]) -> list[int] | None:
-    """The lines holding a needle of a visiting rule, when every visiting rule names
-    needles (see `Rule.visit_needles`); None when the whole tree must be walked."""
+    """The lines holding a needle or naming a word of a visiting rule, when every visiting
+    rule names some (see `Rule.visit_needles`, `Rule.visit_words`); None when the whole
+    tree must be walked."""
     needles: set[str] = set()
+    words: set[str] = set()
     for rule in active:
         if rule.node_types:
             found = rule.visit_needles()
-            if found is None:
+            named = rule.visit_words()
+            if found is None and named is None:
                 return None
-            needles.update(found)
-    return ctx.lines_holding(needles)
+            needles.update(found or ())
+            words.update(named or ())
+    lines = ctx.lines_holding(needles)
+    if not words:
+        return lines
+    return sorted({*lines, *ctx.lines_naming(words)})
 
 
 # -- suppression ----------------------------------------------------------------------
@@ -306,6 +320,8 @@ def noqa_map(source: str) -> dict[int, frozenset[str] | None]:
 
 
 def apply_noqa(findings: list[Finding], source: str) -> list[Finding]:
+    if not findings:
+        return []  # (most files: their comments are not read)
     silenced = noqa_map(source)
     if not silenced:
         return sorted(findings, key=_order)

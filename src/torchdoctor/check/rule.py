@@ -56,6 +56,14 @@ class Rule:
         """
         return None
 
+    def visit_words(self) -> tuple[str, ...] | None:
+        """Identifiers every node this rule's `visit` reports on holds, each standing as a
+        whole word in its own source text (`torch.load(...)` holds `load`, and so does
+        `x.load(...)`, but `overload` does not): the same promise as `visit_needles`,
+        narrower, since a line holding the word inside a longer one (`VariableTracker`)
+        is not walked for it. None (the default): no such promise."""
+        return None
+
     def finish(self) -> None:
         """Called once after the walk."""
 

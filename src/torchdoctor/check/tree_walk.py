@@ -82,10 +82,15 @@ def child_fields(*, want_operators: bool) -> dict[type[ast.AST], tuple[str, ...]
     return table
 
 
+# (looked up once: `iter_children` runs for hundreds of thousands of nodes)
+_ALL_FIELDS = child_fields(want_operators=True)
+_NODE_FIELDS = child_fields(want_operators=False)
+
+
 def iter_children(node: ast.AST, *, operators: bool = True) -> list[ast.AST]:
     """`ast.iter_child_nodes(node)` as a list, same nodes in the same order, faster;
     without operators and contexts (`Add`, `Load`) when `operators` is False."""
-    fields = child_fields(want_operators=operators).get(node.__class__)
+    fields = (_ALL_FIELDS if operators else _NODE_FIELDS).get(node.__class__)
     if fields is None:
         return list(ast.iter_child_nodes(node))
     children: list[ast.AST] = []
@@ -119,27 +124,32 @@ def forget_walks() -> None:
     _WALKS.clear()
 
 
-def _walk(node: ast.AST) -> Iterator[ast.AST]:
-    table = child_fields(want_operators=True)
+# Node classes with a list field that may hold None or strings (`{**d}` keys, keyword-only
+# arguments without a default, `global x`)
+_LISTS_WITH_NON_NODES = frozenset({ast.Dict, ast.arguments, ast.Global, ast.Nonlocal})
+
+
+def _walk(
+    node: ast.AST,
+    # bound once (most walks are of a small expression: lookups per walk add up)
+    table: dict[type[ast.AST], tuple[str, ...]] = _ALL_FIELDS,
+    irregular: frozenset[type[ast.AST]] = _LISTS_WITH_NON_NODES,
+    node_class: type[ast.AST] = ast.AST,
+) -> Iterator[ast.AST]:
     todo = [node]
     for current in todo:  # the list grows while it is read: breadth first
         yield current
         cls = current.__class__
         fields = table.get(cls)
-        if fields is None or cls in _LISTS_WITH_NON_NODES:
+        if fields is None or cls in irregular:
             todo.extend(ast.iter_child_nodes(current))
             continue
         for name in fields:
             value = getattr(current, name, None)
             if value.__class__ is list:
                 todo.extend(value)  # these lists hold only nodes
-            elif isinstance(value, ast.AST):
+            elif isinstance(value, node_class):
                 todo.append(value)
-
-
-# Node classes with a list field that may hold None or strings (`{**d}` keys, keyword-only
-# arguments without a default, `global x`)
-_LISTS_WITH_NON_NODES = frozenset({ast.Dict, ast.arguments, ast.Global, ast.Nonlocal})
 
 
 def block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt]:

@@ -14,6 +14,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.parsed_trees import parse_kept
 from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def cuda_default_classes(path: str, source: str) -> dict[str, CudaDefault]:
     if not _in_an_init_signature(source):
         return found
     try:
-        tree = ast.parse(source)
+        tree = parse_kept(path, source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return found
     for cls in walk(tree):

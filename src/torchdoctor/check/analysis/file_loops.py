@@ -22,6 +22,7 @@ from torchdoctor.check.analysis.overrides import sole_override
 from torchdoctor.check.analysis.syntax import last_part
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import as_lf
+from torchdoctor.check.parsed_trees import take
 from torchdoctor.check.source_text import decode_source
 from torchdoctor.check.tree_walk import walk
 
@@ -388,7 +389,7 @@ def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:
                 data = handle.read()
 
             source = decode_source(data)
-            tree = ast.parse(source, filename=path)
+            tree = take(path, source) or ast.parse(source, filename=path)
             result = FileLoops(FileContext(path, source, tree, ctx.project))
         except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
             result = None

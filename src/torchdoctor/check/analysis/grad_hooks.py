@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import re
 
+from torchdoctor.check.parsed_trees import parse_kept
 from torchdoctor.check.tree_walk import walk
 
 # Callees that bound a gradient's values: `grad.clamp(...)`, `torch.clamp`, `clip_grad_value_`,
@@ -29,7 +30,7 @@ def clamping_hooks(path: str, source: str) -> dict[str, str]:
     """Module-level function name -> "path:line" of the `register_hook(...)` in it whose
     hook (a lambda, or a function defined in it) calls a clamping callee."""
     try:
-        tree = ast.parse(source)
+        tree = parse_kept(path, source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return {}
     found: dict[str, str] = {}

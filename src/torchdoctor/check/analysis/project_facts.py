@@ -48,6 +48,7 @@ from torchdoctor.check.analysis.text_facts import (
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value
 from torchdoctor.check.analysis.wraps import wrapped_arguments
 from torchdoctor.check.context import FileContext
+from torchdoctor.check.parsed_trees import forget, keep, take
 from torchdoctor.check.project import (
     CallFact,
     GenericFacts,
@@ -71,7 +72,7 @@ def _contexts(index: ProjectIndex, files: Iterable[tuple[str, str]]) -> Iterator
     (a file too deep for the analysis, RecursionError, is skipped)."""
     for path, source in files:
         try:
-            tree = ast.parse(source)
+            tree = take(path, source) or ast.parse(source)
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             continue
         ctx = FileContext(path, source, tree, index)
@@ -79,6 +80,7 @@ def _contexts(index: ProjectIndex, files: Iterable[tuple[str, str]]) -> Iterator
             yield ctx
         finally:
             ctx.close()
+            keep(path, source, tree)  # for the check of the file, or another fact's read
 
 
 def collect(
@@ -154,6 +156,7 @@ def _portable(value: Value, path: str) -> Value:
 def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     """Index `sources`: texts, or (path, text) pairs (paths name files in messages)."""
     index = ProjectIndex()
+    forget()  # the trees an earlier run's index parsed
     candidates: list[tuple[str, str]] = []
     wrapping: list[tuple[str, str]] = []  # files that may hand a wrapped model on
     generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`

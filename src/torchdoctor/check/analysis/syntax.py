@@ -20,13 +20,17 @@ if TYPE_CHECKING:
 
 def dotted(node: ast.AST) -> str | None:
     """`self.model.fc` -> "self.model.fc"; None unless a Name/Attribute chain."""
+    # (asked for hundreds of thousands of nodes: exact classes, the parser makes no
+    # subclasses; a bare name, the commonest, needs no join)
+    if node.__class__ is ast.Name:
+        return node.id  # type: ignore[attr-defined,no-any-return]
     parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
+    while node.__class__ is ast.Attribute:
+        parts.append(node.attr)  # type: ignore[attr-defined]
+        node = node.value  # type: ignore[attr-defined]
+    if node.__class__ is not ast.Name:
         return None
-    parts.append(node.id)
+    parts.append(node.id)  # type: ignore[attr-defined]
     return ".".join(reversed(parts))
 
 

@@ -90,14 +90,17 @@ class CollectiveOnCpuTensor(Rule):
     _device_blocks: list[tuple[int, int]] | None = None
 
     def finish(self) -> None:
-        if not any(name in self.ctx.source for name in _COLLECTIVES):
+        # a collective's call spells its last name as a whole word (`all_gather` is
+        # no `gather`): the lines naming none hold none of its calls
+        present = [name for name in _COLLECTIVES if name in self.ctx.words]
+        if not present:
             return  # cheap first: most files importing torch.distributed reduce nothing
         init = self._nccl_init()
         if init is None and (self._starts_group() or self.ctx.project.nccl_start is None):
             return  # this file starts a non-NCCL group, or nothing starts an NCCL one
         where = f"line {init.lineno}" if init is not None else f"`{self.ctx.project.nccl_start}`"
         finders: dict[int, Finder] = {}
-        for scope, call in calls_on_lines(self.ctx, self.ctx.lines_holding(_COLLECTIVES)):
+        for scope, call in calls_on_lines(self.ctx, self.ctx.lines_naming(present)):
             func = call.func
             last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if last not in _COLLECTIVES:

@@ -108,7 +108,8 @@ class RequiresGradTypo(Rule):
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
         self._declared: set[str] | None = None
-        if not any(misspelled(word) for word in words_starting_with(ctx.source, "req")):
+        # (the words of the text hold every run of word characters: the same ones found)
+        if not any(misspelled(word) for word in words_starting_with(ctx.word_text, "req")):
             skip_visits(self)  # no word of the file, let alone a name, is a misspelling
 
     def visit(self, node: ast.AST) -> None:

@@ -89,8 +89,8 @@ class DirectForwardCall(Rule):
         self._plain: set[str] | None = None
         self._hooks: bool | None = None
 
-    def visit_needles(self) -> tuple[str, ...]:
-        return ("forward",)
+    def visit_words(self) -> tuple[str, ...]:
+        return ("forward",)  # `visit` reports `x.forward(...)` only
 
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)

@@ -146,6 +146,9 @@ class InplaceOnSavedTensor(Rule):
                         seen.add(m.name)
                         if m.name != "__init__" and not is_no_grad_decorated(ctx, m):
                             methods.append((ctx, m, node is cls))
+            # a method that neither returns a value nor (the class's own) may write in
+            # place changes nothing its walk could tell: left out of every pass
+            methods = [m for m in methods if _may_matter(*m, layers)]
             # Summaries first: which methods return a value that needs grad
             # (`self.encode(x)` is then followed like a layer's output).
             # The findings of the class's own methods are those of the pass that changes
@@ -230,6 +233,41 @@ class InplaceOnSavedTensor(Rule):
                 if kind and isinstance(target, ast.Attribute) and _is_self(target.value):
                     layers[target.attr] = kind
         return layers
+
+
+def _may_matter(
+    ctx: FileContext, method: ast.FunctionDef, own: bool, layers: dict[str, str]
+) -> bool:
+    """Whether `_Method` walking `method` may add to what the class's walk finds: a
+    returned value (it may need grad: `returns_grad`), or, in a method of the class
+    itself, a node `_Method.inplace_writes` checks (the only place a finding is made)."""
+    for node in walk(method):
+        if isinstance(node, ast.Return) and node.value is not None:
+            return True
+        if not own:
+            continue
+        if isinstance(node, ast.AugAssign):
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Subscript) for t in node.targets):
+            return True
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _INPLACE_METHODS:
+            return True
+        if not (node.args and isinstance(node.args[0], ast.Name)):
+            continue
+        if any(k.arg == "inplace" for k in node.keywords):
+            return True
+        if (
+            isinstance(func, ast.Attribute)
+            and _is_self(func.value)
+            and layers.get(func.attr) in ("inplace", "both")
+        ):
+            return True
+        if (ctx.qualname(func) or "").endswith("_"):
+            return True
+    return False
 
 
 def _is_self(node: ast.expr) -> bool:

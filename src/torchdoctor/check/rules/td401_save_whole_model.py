@@ -90,7 +90,8 @@ class SaveWholeModel(Rule):
         if not has_word(ctx.source, "save"):
             skip_visits(self)  # `x.save(` or an import of torch's `save` names the word
 
-    def visit_needles(self) -> tuple[str, ...]:
+    def visit_words(self) -> tuple[str, ...]:
+        # `call_name_in` accepts a callee whose last name or import alias is the word
         return self.ctx.call_needles(_SAVES)
 
     def visit(self, node: ast.AST) -> None:

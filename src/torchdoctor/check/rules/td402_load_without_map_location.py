@@ -102,7 +102,8 @@ class LoadWithoutMapLocation(Rule):
         if not any(has_word(ctx.source, w) for w in ("load", *_URL_LOADS)):
             skip_visits(self)  # `x.load(` or an import of torch's `load` names the word
 
-    def visit_needles(self) -> tuple[str, ...]:
+    def visit_words(self) -> tuple[str, ...]:
+        # `call_name_in` accepts a callee whose last name or import alias is the word
         return self.ctx.call_needles(_TORCH_LOAD)
 
     def visit(self, node: ast.AST) -> None:

@@ -103,9 +103,9 @@ class WeightsOnlyLoadOfObjects(Rule):
         self.reader = SavedObjects(self.ctx)
         saves: list[Save] = []
         loads: list[tuple[ast.Call, ast.AST]] = []
-        # a function none of whose lines holds the name of a save or load (or an import's
-        # alias of one) calls neither: its nodes are not visited
-        lines = self.ctx.lines_holding(self.ctx.call_needles(SAVES | _LOADS))
+        # a function none of whose lines names a save or load as a whole word (or an
+        # import's alias of one) calls neither: its nodes are not visited
+        lines = self.ctx.lines_naming(self.ctx.call_needles(SAVES | _LOADS))
         for scope in walk(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue

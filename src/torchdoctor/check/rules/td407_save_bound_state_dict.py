@@ -58,7 +58,8 @@ class SaveBoundStateDict(Rule):
         if "save" not in ctx.source:
             skip_visits(self)
 
-    def visit_needles(self) -> tuple[str, ...]:
+    def visit_words(self) -> tuple[str, ...]:
+        # `call_name_in` accepts a callee whose last name or import alias is the word
         return self.ctx.call_needles(_SAVES)
 
     def visit(self, node: ast.AST) -> None:

@@ -95,7 +95,7 @@ class DeprecatedCudaAmp(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("cuda.amp", "cpu.amp")
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call, ast.Attribute, ast.Name)
 
-    def visit_needles(self) -> tuple[str, ...]:
+    def visit_words(self) -> tuple[str, ...]:
         # the API's last name, or the local name an import gives it
         aliases = [k for k, v in self.ctx.imports.items() if v.rsplit(".", 1)[-1] in _LAST_NAMES]
         return (*_LAST_NAMES, *aliases)

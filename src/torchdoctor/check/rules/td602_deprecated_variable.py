@@ -99,7 +99,8 @@ class DeprecatedVariable(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("Variable",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call,)
 
-    def visit_needles(self) -> tuple[str, ...]:
+    def visit_words(self) -> tuple[str, ...]:
+        # `call_name_in` accepts a callee whose last name or import alias is the word
         return self.ctx.call_needles(_VARIABLE)
 
     def visit(self, node: ast.AST) -> None:

@@ -104,8 +104,20 @@ class LegacyTensorType(Rule):
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call, ast.Assign)
 
     def visit_needles(self) -> tuple[str, ...]:
-        # `FloatTensor(`, `x.type(...)`, `set_default_tensor_type(`: what `visit` reads
-        return ("Tensor", "type(", "tensor_type")
+        # `x.type(...)`, `set_default_tensor_type(`
+        return ("type(", "tensor_type")
+
+    def visit_words(self) -> tuple[str, ...]:
+        # What `visit` reports names a legacy type: `torch.cuda.FloatTensor(...)`, its
+        # string, `T = torch.FloatTensor` hold `FloatTensor` as a word; a call or a
+        # reference resolved through an import holds the name the import binds.
+        legacy = (f"{kind}Tensor" for kind in _DTYPES)
+        aliases = (
+            name
+            for name, target in self.ctx.imports.items()
+            if _LEGACY.fullmatch(target) or target == "torch.set_default_tensor_type"
+        )
+        return (*legacy, *aliases)
 
     def visit(self, node: ast.AST) -> None:
         if isinstance(node, ast.Assign):

@@ -64,7 +64,8 @@ class CheckpointReentrant(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("checkpoint",)
     node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call,)
 
-    def visit_needles(self) -> tuple[str, ...]:
+    def visit_words(self) -> tuple[str, ...]:
+        # `call_name_in` accepts a callee whose last name or import alias is the word
         return self.ctx.call_needles(_CHECKPOINT_NAMES)
 
     def visit(self, node: ast.AST) -> None:

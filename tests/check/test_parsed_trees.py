@@ -1,0 +1,63 @@
+"""Trees the project index parsed serve the check of the same file (parsed once)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from torchdoctor.check import parsed_trees
+from torchdoctor.check.analysis.project_facts import build_project
+from torchdoctor.check.engine import check_source
+from torchdoctor.check.registry import rule_classes
+
+
+@pytest.fixture(autouse=True)
+def _empty() -> None:
+    parsed_trees.forget()
+
+
+def test_a_kept_tree_is_taken_once_and_only_for_its_text() -> None:
+    tree = ast.parse("x = 1\n")
+    parsed_trees.keep("a.py", "x = 1\n", tree)
+    assert parsed_trees.take("a.py", "x = 2\n") is None  # another text: parsed anew
+    parsed_trees.keep("a.py", "x = 1\n", tree)
+    assert parsed_trees.take("a.py", "x = 1\n") is tree
+    assert parsed_trees.take("a.py", "x = 1\n") is None  # taken: no longer kept
+
+
+def test_the_oldest_trees_go_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parsed_trees, "KEPT_CHARACTERS", 10)
+    for name in ("a.py", "b.py", "c.py"):
+        parsed_trees.keep(name, "y = 22\n", ast.parse("y = 22\n"))
+    assert parsed_trees.take("a.py", "y = 22\n") is None
+    assert parsed_trees.take("c.py", "y = 22\n") is not None
+
+
+def test_the_check_takes_the_tree_the_project_index_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a class whose device defaults to CUDA: the index parses the file for it
+    source = (
+        "import torch\n\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self, device='cuda'):\n"
+        "        super().__init__()\n"
+        "        self.w = torch.zeros(2, device=device)\n"
+    )
+    project = build_project([("net.py", source)])
+    rules = list(rule_classes())
+    parses: list[str] = []
+    original = ast.parse
+
+    def counting(text: str, *args: object, **kwargs: object) -> ast.Module:
+        if text == source:
+            parses.append(text)
+        return original(text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ast, "parse", counting)
+    kept = check_source(source, "net.py", rules, project)
+    assert parses == []
+    monkeypatch.setattr(ast, "parse", original)
+    parsed_trees.forget()
+    assert check_source(source, "net.py", rules, project) == kept
