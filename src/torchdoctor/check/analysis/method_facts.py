@@ -15,7 +15,6 @@ a place the facts do not give).
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from torchdoctor.check.analysis.values import (
     UNKNOWN,
@@ -27,6 +26,7 @@ from torchdoctor.check.analysis.values import (
     Value,
     _as_parameter,
     join,
+    sent_from,
 )
 
 # What a method fact carries: what the device rules can meet inside the method.
@@ -59,14 +59,7 @@ def portable(value: Value, path: str) -> Value:
         return UNKNOWN
     if value.kind is Kind.BATCH and value.place is not Place.CPU:
         return UNKNOWN
-    return dataclasses.replace(
-        value,
-        where=value.where or os.path.basename(path),
-        source=None,
-        optimizer=None,
-        items=None,
-        element=None,
-    )
+    return sent_from(value, path)
 
 
 def method_seeds(

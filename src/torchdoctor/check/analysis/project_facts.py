@@ -14,10 +14,8 @@ facts pickle cheaply to worker processes and hash into the cache fingerprint.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import functools
 import hashlib
-import os
 import re
 from collections.abc import Iterable, Iterator
 
@@ -45,7 +43,7 @@ from torchdoctor.check.analysis.text_facts import (
     self_moving_classes,
     zeroing_calls,
 )
-from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value
+from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value, sent_from
 from torchdoctor.check.analysis.wraps import wrapped_arguments
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.parsed_trees import forget, keep, take
@@ -142,14 +140,7 @@ def _portable(value: Value, path: str) -> Value:
     """The part of a value worth sending to another file (UNKNOWN if nothing)."""
     if value.kind not in (Kind.MODULE, Kind.LOADER, Kind.DEVICE) or value.assumed:
         return UNKNOWN
-    return dataclasses.replace(
-        value,
-        where=value.where or os.path.basename(path),
-        source=None,
-        optimizer=None,
-        items=None,
-        element=None,
-    )
+    return sent_from(value, path)
 
 
 # A top-level `class` line; lines may end in \n, \r\n or a lone \r.

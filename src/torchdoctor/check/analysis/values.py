@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -365,6 +366,19 @@ def proven_module(value: Value) -> bool:
         value.kind is Kind.MODULE
         and value.place is Place.DEVICE
         and not (value.assumed or value.maybe or value.is_input or value.guessed)
+    )
+
+
+def sent_from(value: Value, path: str) -> Value:
+    """`value` as a fact sent to another file: named by the file it comes from, without
+    the nodes and element values that belong to this file's analysis."""
+    return dataclasses.replace(
+        value,
+        where=value.where or os.path.basename(path),
+        source=None,
+        optimizer=None,
+        items=None,
+        element=None,
     )
 
 
