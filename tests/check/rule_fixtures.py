@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from torchdoctor.check.analysis.project_facts import build_project
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.engine import RunOptions, check_text
 from torchdoctor.check.lines import NEWLINE, split_lines
 from torchdoctor.check.registry import rules_by_code
@@ -71,3 +74,16 @@ def run_rule(
         findings, new_text, _ = check_text(text, str(f), [rule], project, options)
         out[f] = ({(f.name, x.line, x.code) for x in findings}, new_text)
     return out
+
+
+def fixture_contexts(extra: list[str]) -> Iterator[FileContext]:
+    """A context for `extra` and every fixture file that parses, all in one project: the
+    real code a shortcut of the analysis is compared with the code it replaces on."""
+    sources = [*extra, *(p.read_text(encoding="utf-8") for p in sorted(FIXTURES.rglob("*.py")))]
+    project = build_project(sources)
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        yield FileContext("x.py", source, tree, project)

@@ -4,13 +4,9 @@ there (TD103 asks it, function by function, for the factory calls the CPU gets).
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
+from tests.check.rule_fixtures import fixture_contexts
 from torchdoctor.check.analysis.file_flow import FileFlow
-from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.analysis.scope_index import calls_in, calls_on_lines
-from torchdoctor.check.context import FileContext
 
 _ODD = [
     "def f():\n    class C:\n        x = torch.zeros(3)\n"
@@ -21,16 +17,8 @@ _ODD = [
 
 
 def test_calls_in_a_function_are_those_of_the_whole_file_walk() -> None:
-    fixtures = sorted((Path(__file__).parent / "fixtures").rglob("*.py"))
-    sources = [*_ODD, *(p.read_text(encoding="utf-8") for p in fixtures)]
-    project = build_project(sources)
     compared = 0
-    for source in sources:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        ctx = FileContext("x.py", source, tree, project)
+    for ctx in fixture_contexts(_ODD):
         for words in (("zeros(", "ones(", "tensor(", "range(", "full("), ("(",)):
             lines = ctx.lines_holding(words)
             every = [call for _, call in calls_on_lines(ctx, lines, spanning=True)]

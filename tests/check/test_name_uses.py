@@ -5,10 +5,9 @@ naming any top-level name (`walk_lines`, the index it replaced), in the same ord
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
+from tests.check.rule_fixtures import fixture_contexts
 from torchdoctor.check.analysis.name_uses import NameUses
-from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.tree_walk import walk_lines
 
@@ -48,16 +47,9 @@ def _reference(tree: ast.Module, ctx: FileContext, names: set[str]) -> dict[str,
 
 
 def test_name_uses_answer_as_one_walk_of_all_their_lines() -> None:
-    fixtures = sorted((Path(__file__).parent / "fixtures").rglob("*.py"))
-    sources = [*_ODD, *(p.read_text(encoding="utf-8") for p in fixtures)]
-    project = build_project(sources)
     checked = 0
-    for source in sources:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        ctx = FileContext("x.py", source, tree, project)
+    for ctx in fixture_contexts(_ODD):
+        tree = ctx.tree
         names = {
             s.name
             for s in tree.body
@@ -66,6 +58,6 @@ def test_name_uses_answer_as_one_walk_of_all_their_lines() -> None:
         expected = _reference(tree, ctx, names)
         index = NameUses(ctx)
         for name in sorted(names):
-            assert index.uses(name) == expected[name], (source[:80], name)
+            assert index.uses(name) == expected[name], (ctx.source[:80], name)
             checked += 1
     assert checked > 500
