@@ -349,8 +349,6 @@ def _on_no_gpu_path(site: ast.AST, func: AnyFunction) -> bool:
 # A condition that asks whether a GPU is there (`torch.cuda.is_available()`, `use_cuda`).
 _GPU_TEST = re.compile(r"cuda|gpu", re.IGNORECASE)
 
-# Words of code that puts anything on a device.
-
 
 def _inside(node: ast.AST, func: ast.AST | None) -> bool:
     if func is None:
