@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.file_loops import parsed_tree
 from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings, matches
 from torchdoctor.check.context import FileContext, words_of
@@ -134,7 +133,7 @@ def check_source(
     try:
         if tree is None:
             # a tree a sibling read or the project index parsed serves (parsed once)
-            tree = parsed_tree(path, source) or take(path, source) or parse_module(source, path)
+            tree = take(path, source) or parse_module(source, path)
     except SyntaxError as exc:
         return [
             syntax_error_finding(

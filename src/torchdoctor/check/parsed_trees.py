@@ -1,9 +1,9 @@
-"""Syntax trees the project index parsed, kept for the check of the same file.
+"""Syntax trees parsed before the engine checks their file, kept for that check.
 
 Building the project's facts (analysis/project_facts.py: call facts, classes whose
-device defaults to CUDA, clamping hooks, module pickles, ...) parses some files before
-the engine checks them; the engine then takes the tree (`take`) instead of parsing the
-same text again, as a file read as a sibling first is (file_loops.parsed_tree). The
+device defaults to CUDA, clamping hooks, module pickles, ...) and reading a file as
+another file's sibling (file_loops) parse some files before the engine checks them;
+the engine then takes the tree (`take`) instead of parsing the same text again. The
 analyses only read trees, so one tree serves both. At most `KEPT_CHARACTERS` of source
 text are kept (a tree takes some 25-75 bytes per character of its text): the oldest
 trees go first, and a tree taken is no longer kept.

@@ -22,7 +22,7 @@ from torchdoctor.check.analysis.overrides import sole_override
 from torchdoctor.check.analysis.syntax import last_part
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import as_lf
-from torchdoctor.check.parsed_trees import take
+from torchdoctor.check.parsed_trees import keep, take
 from torchdoctor.check.source_text import decode_source
 from torchdoctor.check.tree_walk import walk
 
@@ -390,19 +390,15 @@ def _load_sibling(path: str, ctx: FileContext) -> FileLoops | None:
 
             source = decode_source(data)
             tree = take(path, source) or ast.parse(source, filename=path)
+            keep(path, source, tree)  # for the check of this file, if the run checks it
             result = FileLoops(FileContext(path, source, tree, ctx.project))
         except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
             result = None
     _SIBLINGS[key] = result
-    if result is not None:
-        _PARSED[os.path.abspath(path)] = result
     if len(_SIBLINGS) > _SIBLING_LIMIT:
         evicted = _SIBLINGS.popitem(last=False)[1]
         if evicted is not None:
             _EVICTED.append(evicted)
-            where = os.path.abspath(evicted.ctx.path)
-            if _PARSED.get(where) is evicted:
-                del _PARSED[where]
     return result
 
 
@@ -414,27 +410,10 @@ def _forget_siblings() -> None:
         if sibling is not None:
             _EVICTED.append(sibling)
     _SIBLINGS.clear()
-    _PARSED.clear()
 
 
 # The project the siblings above were read for (a run checks one project).
 _SIBLINGS_OF: list[object] = []
-
-
-# The siblings held (above) by absolute path: a file the run checks after it was read
-# as a sibling takes the tree already parsed (`parsed_tree`) instead of parsing again.
-_PARSED: dict[str, FileLoops] = {}
-
-
-def parsed_tree(path: str, source: str) -> ast.Module | None:
-    """The syntax tree of `source` at `path` if a sibling read parsed that same text (the
-    analyses only read trees, so one tree serves the sibling and the checked file)."""
-    if not _PARSED:
-        return None
-    loaded = _PARSED.get(os.path.abspath(path))
-    if loaded is None or loaded.ctx.source != source:
-        return None
-    return loaded.ctx.tree
 
 
 def analysis(ctx: FileContext) -> FileLoops:
