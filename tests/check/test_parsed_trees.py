@@ -61,3 +61,22 @@ def test_the_check_takes_the_tree_the_project_index_parsed(
     monkeypatch.setattr(ast, "parse", original)
     parsed_trees.forget()
     assert check_source(source, "net.py", rules, project) == kept
+
+
+def test_with_a_plan_the_trees_no_check_takes_go_first_then_the_last_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(parsed_trees, "KEPT_CHARACTERS", 21)  # three trees of 7 characters
+    for name in ("a.py", "b.py", "c.py", "d.py", "e.py", "f.py"):
+        parsed_trees.plan(name)
+    text = "y = 22\n"
+    assert parsed_trees.take_for_check("b.py", text) is None  # a.py and b.py are checked
+    for name in ("f.py", "a.py", "e.py", "x.py"):  # x.py: outside the plan
+        parsed_trees.keep(name, text, ast.parse(text))
+    assert parsed_trees.take("a.py", text) is None  # checked already: it went first
+    parsed_trees.keep("d.py", text, ast.parse(text))
+    assert parsed_trees.take("x.py", text) is None  # no check takes it: it went next
+    parsed_trees.keep("c.py", text, ast.parse(text))
+    assert parsed_trees.take("f.py", text) is None  # of the others, checked last
+    for name in ("c.py", "d.py", "e.py"):
+        assert parsed_trees.take_for_check(name, text) is not None

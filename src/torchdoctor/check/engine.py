@@ -16,7 +16,7 @@ from torchdoctor.check.context import FileContext, words_of
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
 from torchdoctor.check.lines import NEWLINE, as_lf, split_lines
 from torchdoctor.check.parse import parse_module
-from torchdoctor.check.parsed_trees import take
+from torchdoctor.check.parsed_trees import take_for_check
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rule_classes
 from torchdoctor.check.rule import Finding, Rule
@@ -133,7 +133,7 @@ def check_source(
     try:
         if tree is None:
             # a tree a sibling read or the project index parsed serves (parsed once)
-            tree = take(path, source) or parse_module(source, path)
+            tree = take_for_check(path, source) or parse_module(source, path)
     except SyntaxError as exc:
         return [
             syntax_error_finding(

@@ -5,8 +5,14 @@ device defaults to CUDA, clamping hooks, module pickles, ...) and reading a file
 another file's sibling (file_loops) parse some files before the engine checks them;
 the engine then takes the tree (`take`) instead of parsing the same text again. The
 analyses only read trees, so one tree serves both. At most `KEPT_CHARACTERS` of source
-text are kept (a tree takes some 25-75 bytes per character of its text): the oldest
-trees go first, and a tree taken is no longer kept.
+text are kept (a tree takes some 25-75 bytes per character of its text).
+
+Which trees go when that is full: the project index names the files in the order the
+run checks them (`plan`), and the engine says which file it checks (`take_for_check`),
+so the trees no check will take (a file already checked, read again as a sibling; a
+file outside the run) go first, oldest first, then the trees whose check comes last
+(the one whose use lies furthest ahead goes: fewest trees parsed twice). A tree taken
+is no longer kept.
 """
 
 from __future__ import annotations
@@ -19,6 +25,16 @@ KEPT_CHARACTERS = 3_000_000
 
 _KEPT: OrderedDict[str, tuple[str, ast.Module]] = OrderedDict()
 _size = 0  # characters of the texts in _KEPT
+# The run's files (absolute paths) -> their place in the order of checks; files before
+# `_checked` have been checked (by this process or, with workers, by another one).
+_RANK: dict[str, int] = {}
+_checked = 0
+
+
+def plan(path: str) -> None:
+    """`path` is the next file the run checks (after those planned before it)."""
+    if path:
+        _RANK.setdefault(os.path.abspath(path), len(_RANK))
 
 
 def keep(path: str, source: str, tree: ast.Module) -> None:
@@ -35,8 +51,21 @@ def keep(path: str, source: str, tree: ast.Module) -> None:
     _KEPT[key] = (source, tree)
     _size += len(source)
     while _size > KEPT_CHARACTERS:
-        _, (text, _) = _KEPT.popitem(last=False)
+        _, (text, _) = _KEPT.popitem(last=False) if not _RANK else _evict()
         _size -= len(text)
+
+
+def _evict() -> tuple[str, tuple[str, ast.Module]]:
+    """The kept tree to drop: the oldest one no check takes, else the one checked last."""
+    last, last_rank = "", -1
+    for key in _KEPT:
+        rank = _RANK.get(key, -1)
+        if rank < _checked:
+            last = key
+            break
+        if rank > last_rank:
+            last, last_rank = key, rank
+    return last, _KEPT.pop(last)
 
 
 def take(path: str, source: str) -> ast.Module | None:
@@ -52,6 +81,16 @@ def take(path: str, source: str) -> ast.Module | None:
     return tree if text is source or text == source else None
 
 
+def take_for_check(path: str, source: str) -> ast.Module | None:
+    """`take`, by the engine about to check `path`: the files planned before it are done."""
+    global _checked
+    if _RANK and path:
+        rank = _RANK.get(os.path.abspath(path))
+        if rank is not None and rank >= _checked:
+            _checked = rank + 1
+    return take(path, source)
+
+
 def parse_kept(path: str, source: str) -> ast.Module:
     """`ast.parse(source)`, or the tree kept for it; kept (again) for the file's check."""
     tree = take(path, source) or ast.parse(source)
@@ -60,7 +99,9 @@ def parse_kept(path: str, source: str) -> ast.Module:
 
 
 def forget() -> None:
-    """Drop every kept tree (a new run's project index starts)."""
-    global _size
+    """Drop every kept tree and the plan (a new run's project index starts)."""
+    global _size, _checked
     _KEPT.clear()
+    _RANK.clear()
     _size = 0
+    _checked = 0

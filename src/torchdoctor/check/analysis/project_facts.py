@@ -46,7 +46,7 @@ from torchdoctor.check.analysis.text_facts import (
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value, sent_from
 from torchdoctor.check.analysis.wraps import wrapped_arguments
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.parsed_trees import forget, keep, take
+from torchdoctor.check.parsed_trees import forget, keep, plan, take
 from torchdoctor.check.project import (
     CallFact,
     GenericFacts,
@@ -173,6 +173,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     paths: set[str] = set()
     for item in sources:
         path, source = item if isinstance(item, tuple) else ("", item)
+        plan(path)  # the run checks its files in this order (parsed_trees keeps by it)
         paths.add(path.replace("\\", "/"))
         file_classes = scan_classes(source)
         index.add(file_classes)
