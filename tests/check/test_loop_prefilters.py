@@ -123,3 +123,24 @@ def test_td215_leaves_out_only_methods_whose_walk_finds_nothing() -> None:
                 walker.block(method.body, _State(), False)
                 assert not walker.returns_grad and not found, (path.name, method.name)
     assert skipped > 50 and kept > 50
+
+
+def test_call_fact_gate_rules_out_only_functions_that_send_no_fact() -> None:
+    from tests.check.rule_fixtures import fixture_contexts
+    from torchdoctor.check.analysis.file_flow import file_flow
+    from torchdoctor.check.analysis.project_facts import _Sender
+
+    ruled_out = sending = 0
+    for ctx in fixture_contexts([]):
+        for methods_only in (False, True):
+            sender = _Sender(ctx, methods_only)
+            ff = file_flow(ctx)
+            for func in ff.functions():
+                sends = any(True for _ in sender.facts(ff.scope(func)))
+                if sends:
+                    sending += 1
+                    assert sender.may(func), func.name
+                elif not sender.may(func):
+                    ruled_out += 1
+    # the fixtures hold both kinds: the gate lets senders through and skips others
+    assert sending > 5 and ruled_out > 50, (sending, ruled_out)

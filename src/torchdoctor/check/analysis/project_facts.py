@@ -30,6 +30,7 @@ from torchdoctor.check.analysis.grad_hooks import clamping_hooks, may_register_c
 from torchdoctor.check.analysis.method_facts import method_fact_name, portable
 from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
 from torchdoctor.check.analysis.saved_objects import project_saves
+from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.text_facts import (
     LOADER_WORDS,
     batchnorm_classes,
@@ -43,7 +44,7 @@ from torchdoctor.check.analysis.text_facts import (
     self_moving_classes,
     zeroing_calls,
 )
-from torchdoctor.check.analysis.values import UNKNOWN, Kind, Value, sent_from
+from torchdoctor.check.analysis.values import UNKNOWN, AnyFunction, Kind, Value, sent_from
 from torchdoctor.check.analysis.wraps import wrapped_arguments
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.parsed_trees import forget, keep, plan, take
@@ -90,50 +91,71 @@ def collect(
     files in `method_only`, the calls of module classes' methods only."""
     facts: dict[str, list[CallFact]] = {}
     for ctx in _contexts(index, files):
-        path, tree = ctx.path, ctx.tree
-        methods_only = path in method_only
+        sender = _Sender(ctx, ctx.path in method_only)
         ff = file_flow(ctx)
-        local = {
+        scopes: list[ast.AST] = [ctx.tree]
+        scopes.extend(
+            f for f in ff.functions() if ff.mentions(f, "loader", "Loader", "_dl") and sender.may(f)
+        )
+        try:
+            for node in scopes:
+                for fact in sender.facts(ff.scope(node)):  # type: ignore[arg-type]
+                    facts.setdefault(fact.callee, []).append(fact)
+        except RecursionError:
+            continue
+    return {name: tuple(found) for name, found in facts.items()}
+
+
+class _Sender:
+    """The call facts one file's scopes send to the files they call."""
+
+    def __init__(self, ctx: FileContext, methods_only: bool) -> None:
+        self.ctx, self.methods_only = ctx, methods_only
+        self.local = {
             stmt.name
-            for stmt in tree.body
+            for stmt in ctx.tree.body
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
         }
-        imported = {
+        self.imported = {
             name
             for name, target in ctx.imports.items()
             if not target.startswith(("torch", "numpy", "os", "sys"))
         }
-        scopes: list[ast.AST] = [tree]
-        scopes.extend(f for f in ff.functions() if ff.mentions(f, "loader", "Loader", "_dl"))
-        try:
-            for node in scopes:
-                scope = ff.scope(node)  # type: ignore[arg-type]
-                for site in scope.calls:
-                    name = site.callee
-                    receiver = None
-                    send = _portable
-                    if site.receiver is not None:
-                        method = method_fact_name(site, imported, local)
-                        if method is None:
-                            continue
-                        receiver, send = portable(site.receiver, path), portable
-                        target = ctx.imports[name.split(".", 1)[0]]
-                    elif methods_only or name in local or name not in imported or "." in name:
-                        continue
-                    else:
-                        target = ctx.imports[name]
-                    args = tuple(send(v, path) for v in site.args)
-                    keywords = tuple((k, send(v, path)) for k, v in site.keywords)
-                    if not any(v is not UNKNOWN for v in args) and not any(
-                        v is not UNKNOWN for _, v in keywords
-                    ):
-                        continue
-                    facts.setdefault(name, []).append(
-                        CallFact(name, path, args, keywords, site.opaque, target, receiver)
-                    )
-        except RecursionError:
-            continue
-    return {name: tuple(found) for name, found in facts.items()}
+        outside = self.imported - self.local
+        self._names = () if methods_only else tuple(outside)
+        self._on_modules = not outside.isdisjoint(ctx.project.module_classes)
+
+    def may(self, func: AnyFunction) -> bool:
+        """False when `func` certainly sends nothing. A fact is a call of a name imported
+        here and not defined here (its text names it), or a method call on a module of
+        such a name's class (`method_fact_name`; the file imports one)."""
+        return self._on_modules or file_flow(self.ctx).mentions(func, *self._names)
+
+    def facts(self, scope: ScopeFlow) -> Iterator[CallFact]:
+        path, imports = self.ctx.path, self.ctx.imports
+        for site in scope.calls:
+            name = site.callee
+            receiver = None
+            send = _portable
+            if site.receiver is not None:
+                method = method_fact_name(site, self.imported, self.local)
+                if method is None:
+                    continue
+                receiver, send = portable(site.receiver, path), portable
+                target = imports[name.split(".", 1)[0]]
+            elif (
+                self.methods_only or name in self.local or name not in self.imported or "." in name
+            ):
+                continue
+            else:
+                target = imports[name]
+            args = tuple(send(v, path) for v in site.args)
+            keywords = tuple((k, send(v, path)) for k, v in site.keywords)
+            if not any(v is not UNKNOWN for v in args) and not any(
+                v is not UNKNOWN for _, v in keywords
+            ):
+                continue
+            yield CallFact(name, path, args, keywords, site.opaque, target, receiver)
 
 
 def _portable(value: Value, path: str) -> Value:
