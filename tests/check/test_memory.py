@@ -89,3 +89,28 @@ def test_siblings_dropped_from_the_cache_are_freed_too(
         scripts.append(script)
     assert _check_all(scripts) == 0
     assert len(file_loops._SIBLINGS) == 2
+
+
+def test_a_run_freezes_what_exists_before_its_checks_and_no_longer() -> None:
+    from torchdoctor.check import parallel
+    from torchdoctor.check.engine import RunOptions
+
+    source = "import torch\nx = torch.zeros(2).cuda()\n"
+    frozen: list[int] = []
+    original = parallel.check_task
+
+    def checking(task: parallel.Task, *args: object) -> parallel.Outcome:
+        frozen.append(gc.get_freeze_count())
+        return original(task, *args)  # type: ignore[arg-type]
+
+    codes = tuple(r.code for r in rule_classes())
+    tasks = [parallel.Task("a.py", source, codes)]
+    options = RunOptions(enabled=frozenset(codes))
+    try:
+        parallel.check_task = checking  # type: ignore[assignment]
+        outcomes = parallel.run_tasks(tasks, build_project([source]), options, 1)
+    finally:
+        parallel.check_task = original  # type: ignore[assignment]
+    assert outcomes[0].findings
+    assert frozen[0] > 0  # the young collection after the file does not scan those
+    assert gc.get_freeze_count() == 0  # the collector sees them again
