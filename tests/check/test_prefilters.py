@@ -16,6 +16,7 @@ from torchdoctor.check.analysis.names import (
     _modelish_word,
 )
 from torchdoctor.check.analysis.project_facts import build_project
+from torchdoctor.check.analysis.unbound import _declares
 
 
 def _identifiers() -> set[str]:
@@ -102,3 +103,30 @@ def test_mentions_zeroing_answers_as_the_single_pattern() -> None:
     assert any(not mentions_zeroing(t) and ".grad" in t for t in texts)
     for text in texts:
         assert mentions_zeroing(text) == bool(_ZEROING_AS_ONE.search(text)), text
+
+
+_DECLARATION_AS_ONE = re.compile(r"(?:^|[;:])[ \t]*(?:global|nonlocal)[ \t]", re.MULTILINE)
+
+
+def test_declares_answers_as_the_single_pattern() -> None:
+    texts = [
+        path.read_text(encoding="utf-8")
+        for path in (Path(__file__).parent / "fixtures").rglob("*.py")
+    ]
+    texts += [
+        "def f():\n    global x\n",
+        "global x",
+        "if a: global x",
+        "a = 1; nonlocal_thing = 2",
+        "a = 1;\tnonlocal y",
+        "# the global minimum\n",
+        "x = 'global y'\n",
+        "xglobal y",
+        "b global x; c",
+        "def f():\n    nonlocal\tn\n",
+        "globally speaking",
+        "",
+    ]
+    assert any(not _declares(t) and "global " in t for t in texts)
+    for text in texts:
+        assert _declares(text) == bool(_DECLARATION_AS_ONE.search(text)), text
