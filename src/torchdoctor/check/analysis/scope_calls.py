@@ -301,6 +301,8 @@ class ScopeCalls(ScopeSelf):
                 returned = self.ff.returned_tensor(target)
             if returned is UNKNOWN:
                 returned = self.ff.made_result(target)  # `return net.to(DEVICE)`
+            if isinstance(func, ast.Name) and _through_cache(self.ff, func.id, target):
+                returned = _shared_result(returned)
             if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
                 # the callee computes under the caller's no_grad: nothing it makes needs grad
                 returned = dataclasses.replace(returned, grad=False)
@@ -332,6 +334,8 @@ class ScopeCalls(ScopeSelf):
             return returned
         if returned is None or not informative(returned):
             returned = owner.made_result(defined)
+        if _through_cache(owner, qual.rpartition(".")[2], defined):
+            returned = _shared_result(returned)
         if not informative(returned):
             return UNKNOWN
         if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
@@ -453,6 +457,23 @@ class ScopeCalls(ScopeSelf):
         elif recv is not None and recv.kind in (Kind.MODULE, Kind.OBJECT) and recv.cls:
             cls = ff.classes.get(recv.cls)
         return ff.methods(cls).get(func.attr) if cls is not None else None
+
+
+def _through_cache(facts: FileFacts, called: str, target: AnyFunction) -> bool:
+    """Whether the name `called` runs `target` through a cache (`wrapped.py`)."""
+    return called != target.name and any(
+        facts.toplevel_functions.get(name) is target for name in facts.cached_results
+    )
+
+
+def _shared_result(value: Value) -> Value:
+    """What a cached call's result is known to be: an object an earlier call returned,
+    which its caller may have moved or changed in place since; a tensor's place stays."""
+    return value if value.kind in _UNCHANGED_KINDS else UNKNOWN
+
+
+# results whose facts no holder can change in place
+_UNCHANGED_KINDS = frozenset({Kind.TENSOR, Kind.PARAMETER, Kind.ARRAY, Kind.DEVICE, Kind.NONE})
 
 
 def _base_name(func: ast.expr) -> str | None:
