@@ -11,9 +11,15 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.torch_api import LIBRARY
+from torchdoctor.check.analysis.values import UNKNOWN, AnyFunction, Kind, Value
 from torchdoctor.check.context import FileContext
+from torchdoctor.check.lines import as_lf, line_start
+
+if TYPE_CHECKING:
+    from torchdoctor.check.analysis.interfaces import FileFacts
 
 _DIRECT = frozenset(LIBRARY["wrappers"]["direct"])
 _FACTORY = frozenset(LIBRARY["wrappers"]["factory"])
@@ -45,7 +51,7 @@ def wrapped_functions(ctx: FileContext) -> dict[str, Wrapped]:
 
 
 def _find(ctx: FileContext) -> dict[str, Wrapped]:
-    if not _MENTION.search(ctx.source):
+    if not _MENTION.search(as_lf(ctx.source)):
         return {}
     defined = {
         s.name for s in ctx.tree.body if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
@@ -70,7 +76,7 @@ def _find(ctx: FileContext) -> dict[str, Wrapped]:
         for name, w in found.items()
         if bound.get(name) == 1
         and name not in defined
-        and not re.search(rf"\bglobal\b[^\n]*\b{re.escape(name)}\b", ctx.source)
+        and not re.search(rf"\bglobal\b[^\n\r]*\b{re.escape(name)}\b", ctx.source)
     }
 
 
@@ -109,7 +115,7 @@ def call_lines(ctx: FileContext, function: str) -> list[int] | None:
     lines: list[int] = []
     for m in re.finditer(rf"(?<![\w.]){re.escape(function)}\b", ctx.source):
         line = ctx.line_of_offset(m.start())
-        head = ctx.source[ctx.source.rfind("\n", 0, m.start()) + 1 : m.start()]
+        head = ctx.source[line_start(ctx.source, m.start()) : m.start()]
         if line in wrapping or head.lstrip().startswith(("def ", "async def ")):
             continue
         if not re.match(r"\s*\(", ctx.source[m.end() : m.end() + 8]):
@@ -141,3 +147,20 @@ def _bound_names(stmt: ast.stmt) -> list[str]:
                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
                 )
     return names
+
+
+def through_cache(facts: FileFacts, called: str, target: AnyFunction) -> bool:
+    """Whether the name `called` runs `target` through a cache."""
+    return called != target.name and any(
+        facts.toplevel_functions.get(name) is target for name in facts.cached_results
+    )
+
+
+def shared_result(value: Value) -> Value:
+    """What a cached call's result is known to be: an object an earlier call returned,
+    which its caller may have moved or changed in place since; a tensor's place stays."""
+    return value if value.kind in _UNCHANGED_KINDS else UNKNOWN
+
+
+# results whose facts no holder can change in place
+_UNCHANGED_KINDS = frozenset({Kind.TENSOR, Kind.PARAMETER, Kind.ARRAY, Kind.DEVICE, Kind.NONE})
