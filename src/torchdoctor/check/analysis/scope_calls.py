@@ -294,6 +294,10 @@ class ScopeCalls(ScopeSelf):
             found = self._foreign_call(node, qual, args, keywords, statement)
             if found is not None:
                 return found
+        if func.__class__ is ast.Attribute and func.value.__class__ is ast.Call:  # type: ignore[attr-defined]
+            inherited = self._super_call(node, args, keywords)  # `super().__init__(v)`
+            if inherited is not None:
+                return inherited
         on_self = self._self_call(node, args, keywords)
         if on_self is not None and on_self[0]:
             return on_self[1]  # `self.state_function(x)`: one of the bound methods it holds
@@ -324,6 +328,11 @@ class ScopeCalls(ScopeSelf):
         keywords: list[tuple[str | None, Value]],
     ) -> Value:
         return built  # ScopeObjects: with the CPU tensors its constructor stores
+
+    def _super_call(
+        self, node: ast.Call, args: list[Value], keywords: list[tuple[str | None, Value]]
+    ) -> Value | None:
+        return None  # ScopeObjects: a base's method run on this `self`
 
     def _state_meetings(
         self,
@@ -487,7 +496,11 @@ class ScopeCalls(ScopeSelf):
             # `Localizer._score(a, b)`: a staticmethod called through its class's name
             method = ff.methods(ff.classes[func.value.id]).get(func.attr)
             return method if method is not None and _is_staticmethod(method) else None
-        elif recv is not None and recv.kind in (Kind.MODULE, Kind.OBJECT) and recv.cls:
+        elif recv is not None and recv.kind is Kind.OBJECT and recv.cls:
+            # an object's method may be its base's (`class Edge(Labelled)`)
+            cls = ff.classes.get(recv.cls)
+            return ff.inherited_methods(cls).get(func.attr) if cls is not None else None  # type: ignore[attr-defined]
+        elif recv is not None and recv.kind is Kind.MODULE and recv.cls:
             cls = ff.classes.get(recv.cls)
         return ff.methods(cls).get(func.attr) if cls is not None else None
 

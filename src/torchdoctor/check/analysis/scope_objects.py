@@ -102,10 +102,11 @@ class ScopeObjects(ScopeCalls):
         source = self.ctx.source
         if "setattr(" in source:
             return False
-        outside = re.compile(rf"\.{re.escape(attr)}\s*(?:[-+*/@%&|^]|//|\*\*)?=(?!=)")
+        # `obj.attr = ...` of this file (a method's own `self.attr = ...` is asked above)
+        stored = re.compile(rf"\.{re.escape(attr)}\s*(?:[-+*/@%&|^]|//|\*\*)?=(?!=)")
         return not any(
-            owner is not None or not _inside(cls, self.ctx.line_of_offset(m.start()))
-            for m in outside.finditer(source)
+            not _SELF_END.search(source, max(0, m.start() - 5), m.start())
+            for m in stored.finditer(source)
         )
 
     def _class_method(self, value: Value, name: str) -> _Found | None:
@@ -163,6 +164,45 @@ class ScopeObjects(ScopeCalls):
                 attribute=f"{text}.{hit}",
             )
             return
+
+    def _super_call(
+        self, node: ast.Call, args: list[Value], keywords: list[tuple[str | None, Value]]
+    ) -> Value | None:
+        """`super().__init__(vec, ...)` in a method of a plain class whose base is a class
+        of this file: the base's method runs on this `self` (followed with `self.*` as
+        held here; what it leaves on `self` replaces what it may assign), so a
+        subclass's construction keeps what its base's constructor stores. None: not
+        such a call (a module's base, a library's or another file's class)."""
+        func = node.func
+        assert isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call)
+        sup = func.value
+        cls, env, me = self.cls, self.env, self.self_name
+        if (
+            not (isinstance(sup.func, ast.Name) and sup.func.id == "super" and not sup.args)
+            or cls is None
+            or env is None
+            or not me
+            or self.ff.is_module_class(cls)
+            or any(isinstance(a, ast.Starred) for a in node.args)
+        ):
+            return None
+        target, owner = None, None
+        for base in cls.bases:
+            owner = self.ff.classes.get(base.id) if isinstance(base, ast.Name) else None
+            if owner is None:
+                return None  # a base of a library or another file: its method is not here
+            target = self.ff.inherited_methods(owner).get(func.attr)  # type: ignore[attr-defined]
+            if target is not None:
+                break
+        if target is None or owner is None or _is_static(target):
+            return None
+        prefix = me + "."
+        carried = {k[len(prefix) :]: v for k, v in env.items() if k.startswith(prefix)}
+        facts = self._facts_with_self(target, args, keywords, node, carried)
+        if facts is None:
+            return None
+        self._apply_writes(owner, (target,), [(target, facts)])
+        return facts.returned
 
     # -- operators --------------------------------------------------------------------
     def _operator_call(self, node: ast.BinOp, left: Value, right: Value) -> Value:
@@ -239,5 +279,5 @@ def _same_source(a: Value, b: Value) -> bool:
     return a.source is not None and a.source is b.source
 
 
-def _inside(cls: ast.ClassDef, line: int) -> bool:
-    return cls.lineno <= line <= (cls.end_lineno or cls.lineno)
+# a receiver `self` right before the `.attr` looked at
+_SELF_END = re.compile(r"(?<![\w.])self$")
