@@ -90,14 +90,20 @@ interpreters see the per-file objects above them only through protocols):
                   that hold one of several bound methods (`self.step = self._step_sub`)
 - `collate`       whether a loader's `collate_fn=` (a function of the project that moves
                   nothing and calls nothing of the project) keeps its batches on the CPU
+- `wrapped`       module-level names bound to a wrapped function of the file
+                  (`f = cachetools.cached(cache)(_f)`, `typechecked(_f)`; library.toml
+                  [wrappers]): a call of the name runs `_f` (flow, seeds, mode summaries);
+                  through a cache only a tensor result's facts are kept
 - `scope_core` < `scope_exprs` < `scope_library` < `scope_moves` < `scope_methods`
-  < `scope_self` < `scope_calls` < `scope_loops` < `scope`
+  < `scope_self` < `scope_calls` < `scope_objects` < `scope_loops` < `scope`
                   the scope interpreter (one function or module body), one layer per job:
                   state, expressions, library calls, tensor methods and moves, module calls
                   and methods, `self.m(...)` followed with the caller's `self` where it
                   carries a CPU tensor attribute (and `self.step(x)` of a bound-method
-                  attribute), calls followed into functions, loops run to a fixpoint,
-                  statements
+                  attribute), calls followed into functions, objects of plain classes
+                  (the CPU tensors their construction stores, `Value.state`, run with
+                  their methods; `a * b` dispatched to `__mul__`/`__rmul__`), loops run to
+                  a fixpoint, statements
 - `method_facts`  calls of a project module class's own methods from other files
                   (`model.read(images=batch)` on a moved model): the method's seeds, its
                   registered attributes where that model is (TD112 reports the meeting

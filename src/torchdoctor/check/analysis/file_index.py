@@ -19,6 +19,7 @@ from torchdoctor.check.analysis.syntax import (
 )
 from torchdoctor.check.analysis.torch_api import _NON_MODULE_NN, LIBRARY_MODULE_BASES
 from torchdoctor.check.analysis.values import AnyFunction, ScopeNode, Value
+from torchdoctor.check.analysis.wrapped import wrapped_functions
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import line_end, line_start
 from torchdoctor.check.project import KNOWN_MODULE_BASES
@@ -48,6 +49,14 @@ class FileIndex:
         self.toplevel_functions: dict[str, AnyFunction] = {}
         self._methods: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
         self._index(ctx.tree.body, None, top=True)
+        # `_load_cached = cachetools.cached(cache)(_load)`: a call of the name runs `_load`;
+        # through a cache, the object returned may be one an earlier caller changed
+        self.cached_results: frozenset[str] = frozenset()
+        wrapped = wrapped_functions(ctx)
+        if wrapped:
+            for name, w in wrapped.items():
+                self.toplevel_functions.setdefault(name, self.toplevel_functions[w.function])
+            self.cached_results = frozenset(n for n, w in wrapped.items() if w.cached)
         self._function_lines = [f.lineno for f in self._functions]
         self._reach = list(  # the furthest line any function up to this one spans
             itertools.accumulate((f.end_lineno or f.lineno for f in self._functions), max)

@@ -29,6 +29,7 @@ from torchdoctor.check.analysis.values import (
     _as_parameter,
     _join_seeds,
 )
+from torchdoctor.check.analysis.wrapped import aliases, call_lines
 
 
 class FlowSeeds(FileIndex):
@@ -255,10 +256,15 @@ class FlowSeeds(FileIndex):
             return {}  # callers of callers of callers: too far to follow
         sites: list[tuple[CallSite, int]] = []  # (call, offset of the first parameter)
         scopes: list[ScopeNode] | None
+        called: list[str] = []  # names bound to the function wrapped (`fast = cache(func)`)
         if cls is None:
             if self.toplevel_functions.get(func.name) is not func:
                 return {}
-            callee, offset, scopes = func.name, 0, self._caller_scopes(func.name)
+            callee, offset = func.name, 0
+            called = aliases(self.ctx, func.name)
+            scopes = self._wrapped_callers(func.name, called) if called else None
+            if not called:
+                scopes = self._caller_scopes(func.name)
         elif func.name == "__init__" and self.classes.get(cls.name) is cls:
             callee, offset, scopes = cls.name, 1, self._caller_scopes(cls.name)
         elif params and not _is_static(func) and func.name != "__init__":
@@ -304,9 +310,15 @@ class FlowSeeds(FileIndex):
                 return {}  # an uninformative caller: the join would be unknown anyway
         for scope_node in scopes:
             caller = self.scope(scope_node, depth=depth + 1)
-            sites.extend((site, offset) for site in caller.calls if site.callee == callee)
+            sites.extend(
+                (site, offset)
+                for site in caller.calls
+                if site.callee == callee or (called and site.callee in called)
+            )
         if cls is None or func.name == "__init__":
             remote = self.project_call_facts(callee)
+            for name in called if cls is None else ():
+                remote += self.project_call_facts(name)
         else:  # `model.read(x)` in another file, of a module class's method
             remote = method_seeds(self.project, self.ctx.path, cls.name, func)[0]
         if not sites and not remote:
@@ -400,7 +412,24 @@ class FlowSeeds(FileIndex):
         """Whether this file calls the top-level function `func` (so may seed it)."""
         if self.toplevel_functions.get(func.name) is not func:
             return False
+        called = aliases(self.ctx, func.name)
+        if called:
+            return bool(self._wrapped_callers(func.name, called))
         return bool(self._caller_scopes(func.name))
+
+    def _wrapped_callers(self, name: str, called: list[str]) -> list[ScopeNode] | None:
+        """The scopes calling the function `name` by that name or one `called` binds to it
+        (`wrapped.py`); None if one of them escapes."""
+        lines = call_lines(self.ctx, name)
+        if lines is None:
+            return None
+        found = dict.fromkeys(self.innermost_scope(line) for line in lines)
+        for alias in called:
+            scopes = self._caller_scopes(alias)
+            if scopes is None:
+                return None
+            found.update(dict.fromkeys(scopes))
+        return list(found)
 
     def _caller_scopes(self, name: str) -> list[ScopeNode] | None:
         """The scopes that call `name`; None if `name` escapes (passed as a value)."""

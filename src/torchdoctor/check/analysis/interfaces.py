@@ -23,6 +23,7 @@ class FileFacts(Protocol):
     project: ProjectIndex
     classes: dict[str, ast.ClassDef]
     toplevel_functions: dict[str, AnyFunction]
+    cached_results: frozenset[str]
 
     def class_of(self, func: AnyFunction) -> ast.ClassDef | None: ...
     def methods(self, cls: ast.ClassDef) -> dict[str, AnyFunction]: ...

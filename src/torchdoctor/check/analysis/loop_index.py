@@ -21,6 +21,7 @@ from torchdoctor.check.analysis.names import (
     is_torch_file,
 )
 from torchdoctor.check.analysis.syntax import dotted, last_part
+from torchdoctor.check.analysis.wrapped import wrapped_functions
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.tree_walk import _SIMPLE_STATEMENTS, child_statements, walk
 
@@ -68,6 +69,11 @@ class LoopIndex:
         self.methods: dict[str, dict[str, FunctionInfo]] = {}  # class -> name -> function
         self.classes: dict[str, ast.ClassDef] = {}
         self._index(ctx.tree.body, None, None)
+        # `fast = typechecked(f)`: a call of the name runs `f`; not through a cache, whose
+        # result may be a model an earlier caller switched to another mode
+        for name, w in wrapped_functions(ctx).items():
+            if not w.cached and w.function in self.top:
+                self.top.setdefault(name, self.top[w.function])
         self._autocast_names: frozenset[str] | None = None
         self._mode_keys: frozenset[str] | None = None
         self._eval_keys: frozenset[str] = frozenset()

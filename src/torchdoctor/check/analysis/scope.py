@@ -104,6 +104,8 @@ class ScopeFlow(ScopeLoops):
         right = self.eval(stmt.value)
         if current.kind is Kind.CONTAINER:
             new = _container_add(current, right)
+        elif current.kind is Kind.OBJECT or right.kind is Kind.OBJECT:
+            new = UNKNOWN  # the class's `__imul__`/`__mul__`/`__rmul__` decides
         else:
             new = self._binary(stmt, [(stmt.target, current), (stmt.value, right)])
         if key:

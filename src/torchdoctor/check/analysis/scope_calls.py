@@ -14,7 +14,9 @@ from torchdoctor.check.analysis.values import (
     _TENSOR_KINDS,
     UNKNOWN,
     AnyFunction,
+    CallFacts,
     CallSite,
+    Env,
     Kind,
     Mismatch,
     Place,
@@ -22,6 +24,7 @@ from torchdoctor.check.analysis.values import (
     informative,
     proven_module,
 )
+from torchdoctor.check.analysis.wrapped import shared_result, through_cache
 
 if TYPE_CHECKING:
     from torchdoctor.check.analysis.interfaces import FileFacts
@@ -252,7 +255,8 @@ class ScopeCalls(ScopeSelf):
         if callee.kind is Kind.CLASS:
             # an instance of another file's class (no dataset, module, ... the library
             # knows by name): its methods are read there
-            return Value(Kind.OBJECT, cls=callee.cls, where=callee.where, line=node.lineno)
+            built = Value(Kind.OBJECT, cls=callee.cls, where=callee.where, line=node.lineno)
+            return self._constructed(node, built, args, keywords)
         if callee.kind is Kind.MODULE or (
             callee.kind is Kind.UNKNOWN and callee.place is Place.DEVICE
         ):
@@ -265,13 +269,16 @@ class ScopeCalls(ScopeSelf):
         if isinstance(func, ast.Name) and (self.env is None or func.id not in self.env):
             cls = self.ff.classes.get(func.id)
             if cls is not None and not self.ff.is_module_class(cls):
-                return Value(Kind.OBJECT, cls=func.id, line=node.lineno, source=node)
+                built = Value(Kind.OBJECT, cls=func.id, line=node.lineno, source=node)
+                return self._constructed(node, built, args, keywords)
         if recv is not None and recv.kind is Kind.OBJECT and recv.where:
             foreign = self.ff.foreign_method(recv.where, recv.cls, func.attr)  # type: ignore[attr-defined]
             if foreign is None:
                 return UNKNOWN
             owner, defined = foreign
-            returned = self._follow_call(node, defined, args, keywords, on_object=True, owner=owner)
+            returned = self._follow_call(
+                node, defined, args, keywords, recv, on_object=True, owner=owner
+            )
             if returned is None or _one_of(returned, [*args, *(v for _, v in keywords)]):
                 return returned or UNKNOWN
             # made there (`self.net(obs.to(self.device))`): that file's lines and nodes
@@ -287,6 +294,10 @@ class ScopeCalls(ScopeSelf):
             found = self._foreign_call(node, qual, args, keywords, statement)
             if found is not None:
                 return found
+        if func.__class__ is ast.Attribute and func.value.__class__ is ast.Call:  # type: ignore[attr-defined]
+            inherited = self._super_call(node, args, keywords)  # `super().__init__(v)`
+            if inherited is not None:
+                return inherited
         on_self = self._self_call(node, args, keywords)
         if on_self is not None and on_self[0]:
             return on_self[1]  # `self.state_function(x)`: one of the bound methods it holds
@@ -301,11 +312,39 @@ class ScopeCalls(ScopeSelf):
                 returned = self.ff.returned_tensor(target)
             if returned is UNKNOWN:
                 returned = self.ff.made_result(target)  # `return net.to(DEVICE)`
+            if isinstance(func, ast.Name) and through_cache(self.ff, func.id, target):
+                returned = shared_result(returned)
             if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
                 # the callee computes under the caller's no_grad: nothing it makes needs grad
                 returned = dataclasses.replace(returned, grad=False)
             return returned
         return UNKNOWN
+
+    def _constructed(
+        self,
+        node: ast.Call,
+        built: Value,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+    ) -> Value:
+        return built  # ScopeObjects: with the CPU tensors its constructor stores
+
+    def _super_call(
+        self, node: ast.Call, args: list[Value], keywords: list[tuple[str | None, Value]]
+    ) -> Value | None:
+        return None  # ScopeObjects: a base's method run on this `self`
+
+    def _state_meetings(
+        self,
+        node: ast.Call,
+        target: AnyFunction,
+        me: str,
+        passed: list[tuple[str, ast.expr, Value]],
+        kept: Env,
+        facts: CallFacts,
+        where: str,
+    ) -> None:
+        return None  # ScopeObjects: where a stored CPU tensor meets the device inside
 
     def _foreign_call(
         self,
@@ -332,6 +371,8 @@ class ScopeCalls(ScopeSelf):
             return returned
         if returned is None or not informative(returned):
             returned = owner.made_result(defined)
+        if through_cache(owner, qual.rpartition(".")[2], defined):
+            returned = shared_result(returned)
         if not informative(returned):
             return UNKNOWN
         if self._no_grad and returned.grad and returned.kind is not Kind.PARAMETER:
@@ -378,12 +419,17 @@ class ScopeCalls(ScopeSelf):
         arguments = {p: v for p, _, v in passed if v is not UNKNOWN}
         if me is not None and recv is not None and proven_module(recv):
             arguments[me.arg] = recv
-        facts = facts_of.call_facts(target, arguments, self.depth)
+        # an object whose construction here stored CPU tensors on it: its method runs
+        # with them (scope_objects.py)
+        kept = dict(recv.state) if on_object and me is not None and recv and recv.state else None
+        facts = facts_of.call_facts(target, arguments, self.depth, kept)
         if facts is None:
             return None
         if self._meeting:
             where = os.path.basename(owner.ctx.path) + " " if owner is not None else ""
             self._meetings_inside(node, target, passed, facts.mismatches, where)
+            if kept and me is not None:
+                self._state_meetings(node, target, me.arg, passed, kept, facts, where)
         if on_object and me is not None and isinstance(node.func, ast.Attribute):
             # `self.device` inside the method is `agent.device` here
             return _renamed(facts.returned, me.arg, self._text(node.func.value))
@@ -450,7 +496,11 @@ class ScopeCalls(ScopeSelf):
             # `Localizer._score(a, b)`: a staticmethod called through its class's name
             method = ff.methods(ff.classes[func.value.id]).get(func.attr)
             return method if method is not None and _is_staticmethod(method) else None
-        elif recv is not None and recv.kind in (Kind.MODULE, Kind.OBJECT) and recv.cls:
+        elif recv is not None and recv.kind is Kind.OBJECT and recv.cls:
+            # an object's method may be its base's (`class Edge(Labelled)`)
+            cls = ff.classes.get(recv.cls)
+            return ff.inherited_methods(cls).get(func.attr) if cls is not None else None  # type: ignore[attr-defined]
+        elif recv is not None and recv.kind is Kind.MODULE and recv.cls:
             cls = ff.classes.get(recv.cls)
         return ff.methods(cls).get(func.attr) if cls is not None else None
 

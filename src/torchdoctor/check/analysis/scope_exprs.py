@@ -274,11 +274,19 @@ class ScopeExprs(ScopeCore):
         assert isinstance(node, ast.BinOp)
         left = self.eval(node.left)
         right = self.eval(node.right)
+        if left.kind is Kind.OBJECT or right.kind is Kind.OBJECT:
+            # `a * b` of an object: what its class's `__mul__` (or `b`'s `__rmul__`) returns
+            return self._operator_call(node, left, right)
         if left.kind is Kind.CONTAINER and right.kind is Kind.CONTAINER:
             return _container_add(left, right)
         if left.kind is Kind.CONTAINER and isinstance(node.op, ast.Mult):
             return left  # [layer] * n
         return self._binary(node, [(node.left, left), (node.right, right)])
+
+    def _operator_call(self, node: ast.BinOp, left: Value, right: Value) -> Value:
+        """An operator one of whose operands is an object of a project class (followed
+        into its method by the layer that follows calls)."""
+        return UNKNOWN
 
     def _eval_compare(self, node: ast.expr) -> Value:
         assert isinstance(node, ast.Compare)

@@ -12,13 +12,13 @@ from torchdoctor.check.analysis.loop_passes import (
     runs_once,
     stands,
 )
-from torchdoctor.check.analysis.scope_calls import ScopeCalls
 from torchdoctor.check.analysis.scope_core import _LoopFrame
+from torchdoctor.check.analysis.scope_objects import ScopeObjects
 from torchdoctor.check.analysis.syntax import _weaken
 from torchdoctor.check.analysis.values import UNKNOWN, Env, Value, join_env
 
 
-class ScopeLoops(ScopeCalls):
+class ScopeLoops(ScopeObjects):
     """`for` and `while` to a fixpoint (ScopeFlow runs the statements)."""
 
     def _exec_for(self, stmt: ast.stmt) -> None:

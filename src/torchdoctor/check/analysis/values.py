@@ -100,6 +100,9 @@ class Value:
     # on this path only where the caller leaves out this parameter (its default None):
     # `if h is None: h = torch.zeros(n)` (analysis/default_path.py)
     default_of: str = ""
+    # OBJECT: the CPU tensors its construction here stored on it (`Edge(torch.zeros(n))`
+    # keeps `self.vec`), by attribute: its methods run with them (scope_objects.py)
+    state: tuple[tuple[str, Value], ...] = ()
 
     @property
     def tensor_like(self) -> bool:

@@ -223,7 +223,8 @@ class BatchNotMoved(Rule):
     def _report_site(self, mismatches: list[Mismatch]) -> None:
         first = mismatches[0]
         other = first.other
-        names = ", ".join(f"`{self.ctx.segment(m.cpu_node)}`" for m in mismatches)
+        # (a tensor an object keeps, carried into its method: `norm.mean`)
+        names = ", ".join(f"`{m.attribute or self.ctx.segment(m.cpu_node)}`" for m in mismatches)
         plural = len(mismatches) > 1
         cpu = first.cpu
         device = other.device or "device"
