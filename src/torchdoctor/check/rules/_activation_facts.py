@@ -11,7 +11,7 @@ import ast
 import re
 
 from torchdoctor.check.analysis.class_calls import argument_for
-from torchdoctor.check.analysis.file_loops import FileLoops, sibling_file
+from torchdoctor.check.analysis.file_loops import FileLoops, project_file, sibling_file
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.path_guards import Cond, conditions_at, subjects_assigned
 from torchdoctor.check.analysis.syntax import dotted
@@ -173,6 +173,16 @@ def _class_forward(fl: FileLoops, cls: str) -> tuple[FileLoops, FunctionInfo] | 
         other = sibling_file(fl.ctx, module)
         if other is not None:
             forward = other.methods.get(name, {}).get("forward")
+            if forward is not None:
+                return other, forward
+        return None
+    # a model a caller in another file built (`fit(Net(), ...)`): the one project file
+    # that defines a class of that name
+    files = fl.ctx.project.class_files.get(cls, ())
+    if target is None and len(files) == 1 and cls in fl.ctx.project.module_classes:
+        other = project_file(fl.ctx, files[0])
+        if other is not None:
+            forward = other.methods.get(cls, {}).get("forward")
             if forward is not None:
                 return other, forward
     return None

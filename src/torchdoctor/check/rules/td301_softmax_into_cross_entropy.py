@@ -10,6 +10,7 @@ from torchdoctor.check.rules._loss_inputs import (
     SOFTMAX,
     activation,
     loss_calls,
+    loss_name,
 )
 
 
@@ -66,12 +67,14 @@ class SoftmaxIntoCrossEntropy(Rule):
         "cross_entropy",
         "NLLLoss",
         "nll_loss",
+        "loss",  # `loss = criterion(out, y)`: a loss another file passes (_loss_params.py)
     )
 
     def finish(self) -> None:
         src = self.ctx.source
-        if not any(t in src for t in ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss")):
-            return
+        words = ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss")
+        if not any(t in src for t in words) and self.ctx.project.loss_build is None:
+            return  # no such loss here, nor one another file may pass to a function here
         fl = analysis(self.ctx)
         for fi, call, kind in loss_calls(self.ctx, frozenset({CROSS_ENTROPY, NLL})):
             if not call.args:
@@ -80,17 +83,17 @@ class SoftmaxIntoCrossEntropy(Rule):
             if found is None:
                 continue
             act, proof = found
-            loss = self.ctx.segment(call.func)
+            loss = loss_name(self.ctx, call)
             if kind == CROSS_ENTROPY and act == SOFTMAX:
                 message = (
-                    f"`{loss}` gets probabilities from {proof} but applies log_softmax "
+                    f"{loss} gets probabilities from {proof} but applies log_softmax "
                     "itself: the loss can never approach 0 and gradients vanish as the "
                     "model grows confident"
                 )
                 hint = "pass the logits (the values before softmax)"
             elif kind == NLL and act == SOFTMAX:
                 message = (
-                    f"`{loss}` expects log-probabilities but gets probabilities from {proof}: "
+                    f"{loss} expects log-probabilities but gets probabilities from {proof}: "
                     "it minimises -p instead of -log p"
                 )
                 hint = "use `log_softmax` instead of `softmax`, or `cross_entropy` on logits"

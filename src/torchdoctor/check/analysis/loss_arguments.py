@@ -1,0 +1,159 @@
+"""Which loss a parameter holds: the loss every call of its function passes for it.
+
+`def train(model, loader, criterion): ... criterion(model(x), y)` with
+`train(net, loader, nn.CrossEntropyLoss())` in main.py: `criterion` is a cross-entropy
+loss. The project fact (`ProjectIndex.loss_arguments_for`, built on demand from the files
+whose text names a torch loss) lists, per function name, the calls of it in such files
+with the loss kind each passes per slot ("" for anything else). The callee's file joins
+them with its own calls (TD301/TD302, rules/_loss_params.py): a kind only when every
+call seen passes one, the same.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from torchdoctor.check.analysis.file_loops import FileLoops
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.context import FileContext
+from torchdoctor.check.project import LossCall
+
+CROSS_ENTROPY = "cross_entropy"
+NLL = "nll_loss"
+BCE = "binary_cross_entropy"
+BCE_LOGITS = "binary_cross_entropy_with_logits"
+LOSS_FUNCTIONS = {
+    "torch.nn.functional.cross_entropy": CROSS_ENTROPY,
+    "torch.nn.functional.nll_loss": NLL,
+    "torch.nn.functional.binary_cross_entropy": BCE,
+    "torch.nn.functional.binary_cross_entropy_with_logits": BCE_LOGITS,
+}
+LOSS_MODULES = {
+    "torch.nn.CrossEntropyLoss": CROSS_ENTROPY,
+    "torch.nn.NLLLoss": NLL,
+    "torch.nn.BCELoss": BCE,
+    "torch.nn.BCEWithLogitsLoss": BCE_LOGITS,
+}
+# Text a file that builds or names a torch loss holds (the gate of the project fact).
+LOSS_TEXT = (
+    "CrossEntropyLoss",
+    "NLLLoss",
+    "BCELoss",
+    "BCEWithLogitsLoss",
+    "cross_entropy",
+    "nll_loss",
+)
+
+
+def names_a_loss(source: str) -> bool:
+    return any(word in source for word in LOSS_TEXT)
+
+
+def built_calls(fl: FileLoops, fi: FunctionInfo, key: str) -> list[ast.Call] | None:
+    """The calls the name or attribute `key` is bound to in `fi` (a `self.x` in any method
+    of the class, a name not bound in `fi` at module level); None when one binding is not
+    a plain assignment of a call (a parameter, a loop target, `x = y`)."""
+    scopes: list[FunctionInfo] = [fi]
+    if key.startswith("self."):
+        if fi.cls is None:
+            return None
+        scopes = list(fl.methods.get(fi.cls.name, {}).values())
+    elif "." in key:
+        return None
+    elif key not in fi.local_names():
+        scopes = [fl.module]
+    elif key in fi.params() or key in fi.keyword_params():
+        return None
+    found: list[ast.Call] = []
+    for scope in scopes:
+        for stmt in scope.own_statements():
+            targets: list[ast.expr] = []
+            if isinstance(stmt, ast.Assign):
+                targets = list(stmt.targets)
+            elif isinstance(stmt, ast.AnnAssign | ast.AugAssign | ast.For):
+                targets = [stmt.target]
+            elif isinstance(stmt, ast.With):
+                targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
+            if not any(key == dotted(n) for t in targets for n in ast.walk(t)):
+                continue
+            if not (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and dotted(stmt.targets[0]) == key
+                and isinstance(stmt.value, ast.Call)
+            ):
+                return None
+            found.append(stmt.value)
+    return found
+
+
+def torch_loss_kind(fl: FileLoops, fi: FunctionInfo, expr: ast.expr) -> str:
+    """The kind of torch loss `expr` holds in `fi` ("" when not shown): a loss module built
+    there (`nn.CrossEntropyLoss()`), a name every binding of which builds one kind, or a
+    functional loss passed by name (`F.cross_entropy`)."""
+    ctx = fl.ctx
+    if isinstance(expr, ast.Call):
+        return LOSS_MODULES.get(ctx.qualname(expr.func) or "", "")
+    if not isinstance(expr, ast.Name | ast.Attribute):
+        return ""
+    name = ctx.qualname(expr) or ""
+    if name in LOSS_FUNCTIONS:
+        return LOSS_FUNCTIONS[name]
+    key = dotted(expr)
+    calls = built_calls(fl, fi, key) if key else None
+    if not calls:
+        return ""
+    kinds = {LOSS_MODULES.get(ctx.qualname(c.func) or "", "") for c in calls}
+    return kinds.pop() if len(kinds) == 1 else ""
+
+
+def loss_calls_of_imports(fl: FileLoops) -> dict[str, list[LossCall]]:
+    """Imported function name -> the calls of it in this file, with the loss kind each
+    passes per slot (a position or a keyword; "" for anything else)."""
+    ctx: FileContext = fl.ctx
+    found: dict[str, list[LossCall]] = {}
+    for fi in fl.all_functions():
+        for node in _own_nodes(fi):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+                continue
+            name = node.func.id
+            target = ctx.imports.get(name, "")
+            if not target or target.startswith(("torch", "numpy", "os", "sys")):
+                continue
+            if name in fi.local_names():
+                continue
+            slots = tuple(
+                (str(i), torch_loss_kind(fl, fi, a))
+                for i, a in enumerate(node.args)
+                if not isinstance(a, ast.Starred)
+            ) + tuple((k.arg, torch_loss_kind(fl, fi, k.value)) for k in node.keywords if k.arg)
+            opaque = any(isinstance(a, ast.Starred) for a in node.args) or any(
+                k.arg is None for k in node.keywords
+            )
+            found.setdefault(name, []).append(
+                LossCall(target, ctx.path, node.lineno, fi.name, slots, opaque)
+            )
+    return found
+
+
+def _own_nodes(fi: FunctionInfo) -> list[ast.AST]:
+    """The nodes of `fi`'s own statements (not of the defs nested in it)."""
+    nodes: list[ast.AST] = []
+    for stmt in fi.own_statements():
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        todo: list[ast.AST] = [
+            v
+            for field, v in ast.iter_fields(stmt)
+            if field not in ("body", "orelse", "finalbody", "handlers", "cases")
+            for v in (v if isinstance(v, list) else [v])
+            if isinstance(v, ast.AST)
+        ]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, ast.Lambda):
+                continue
+            nodes.append(node)
+            todo.extend(ast.iter_child_nodes(node))
+    return nodes

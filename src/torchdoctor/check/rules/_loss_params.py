@@ -1,0 +1,76 @@
+"""The loss a function's parameter holds, from the calls of the function (TD301, TD302).
+
+`def train(model, loader, criterion): ... criterion(model(x), y)`: `criterion` is a
+cross-entropy loss when every call of `train` seen (in this file, and in the project's
+files that name a torch loss: `ProjectIndex.loss_arguments_for`) passes one. A call that
+passes anything else, leaves the parameter out or passes `*args` / `**kwargs` leaves it
+unknown: a different loss on one path makes no claim on the others.
+
+Not a rule (the leading underscore keeps the registry away).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from torchdoctor.check.analysis.class_calls import argument_for
+from torchdoctor.check.analysis.file_loops import FileLoops
+from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.loss_arguments import names_a_loss, torch_loss_kind
+from torchdoctor.check.rules._activation_facts import _last_binding
+
+_LOSS_CLASS = {
+    "cross_entropy": "nn.CrossEntropyLoss",
+    "nll_loss": "nn.NLLLoss",
+    "binary_cross_entropy": "nn.BCELoss",
+    "binary_cross_entropy_with_logits": "nn.BCEWithLogitsLoss",
+}
+
+
+def may_hold_losses(fl: FileLoops) -> bool:
+    """Whether a parameter here can be shown to hold a loss: this file names one, or
+    another project file that does may call a function of this one."""
+    return names_a_loss(fl.ctx.source) or fl.ctx.project.loss_build is not None
+
+
+def called_parameters(fi: FunctionInfo) -> list[str]:
+    """Parameters `fi` calls (`criterion(`), never rebound in it."""
+    if fi.is_module:
+        return []
+    return [
+        p
+        for p in (*fi.params(), *fi.keyword_params())
+        if f"{p}(" in fi.text and _last_binding(fi, p, 1 << 30) is None
+    ]
+
+
+def parameter_loss(fl: FileLoops, fi: FunctionInfo, param: str) -> tuple[str, str] | None:
+    """(kind, where) when every call of `fi` seen passes a torch loss of one kind for
+    `param`; None when one passes anything else or none is seen."""
+    found: list[tuple[str, str]] = []
+    for caller, event in fl.callers(fi):
+        call = event.node
+        if not isinstance(call, ast.Call):
+            return None
+        arg = argument_for(fi, call, param)
+        kind = torch_loss_kind(fl, caller, arg) if arg is not None else ""
+        if not kind:
+            return None
+        found.append((kind, f"that `{caller.name}` passes, line {call.lineno}"))
+    if fi.parent is None and fi.cls is None:
+        params = fi.params()
+        slot = str(params.index(param)) if param in params else None
+        for other in fl.ctx.project.loss_arguments_for(fi.name, fl.ctx.path):
+            if other.opaque:
+                return None
+            slots = dict(other.slots)
+            kind = slots.get(param, "") or (slots.get(slot, "") if slot is not None else "")
+            if not kind:
+                return None
+            where = other.path.replace("\\", "/").rsplit("/", 1)[-1]
+            found.append((kind, f"that `{other.caller}` passes, {where}:{other.line}"))
+    kinds = {kind for kind, _ in found}
+    if len(kinds) != 1:
+        return None
+    kind = kinds.pop()
+    return kind, f"the `{_LOSS_CLASS[kind]}` {found[0][1]}"
