@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import ast
 
-from torchdoctor.check.analysis.file_loops import FileLoops
+from torchdoctor.check.analysis.class_calls import passed_constant
+from torchdoctor.check.analysis.file_loops import FileLoops, file_of
 from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.path_guards import (
+    Cond,
+    compatible,
+    conditions_at,
+    subjects_assigned,
+)
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.project import LossCall
@@ -94,7 +101,7 @@ def torch_loss_kind(fl: FileLoops, fi: FunctionInfo, expr: ast.expr) -> str:
     functional loss passed by name (`F.cross_entropy`)."""
     ctx = fl.ctx
     if isinstance(expr, ast.Call):
-        return LOSS_MODULES.get(ctx.qualname(expr.func) or "", "")
+        return LOSS_MODULES.get(ctx.qualname(expr.func) or "", "") or _returned_kind(fl, fi, expr)
     if not isinstance(expr, ast.Name | ast.Attribute):
         return ""
     name = ctx.qualname(expr) or ""
@@ -104,7 +111,43 @@ def torch_loss_kind(fl: FileLoops, fi: FunctionInfo, expr: ast.expr) -> str:
     calls = built_calls(fl, fi, key) if key else None
     if not calls:
         return ""
-    kinds = {LOSS_MODULES.get(ctx.qualname(c.func) or "", "") for c in calls}
+    kinds = {torch_loss_kind(fl, fi, c) for c in calls}
+    return kinds.pop() if len(kinds) == 1 else ""
+
+
+def _returned_kind(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> str:
+    """The loss a call of a plain function of the project returns (`make_loss("ce")`):
+    every `return` it can run, given the constants the call passes for the parameters
+    its `if` tests read, builds a loss of one kind."""
+    found = fl.resolve(fi, call)
+    if found is None or found[1] or found[0].cls is not None or found[0].is_module:
+        return ""
+    callee = found[0]
+    if not any(word in callee.text for word in LOSS_TEXT):
+        return ""  # names no loss: not a loss factory (cheap, before any walk)
+    owner = file_of(callee)
+    params = set(callee.params()) | set(callee.keyword_params())
+    kinds: set[str] = set()
+    for stmt in callee.own_statements():
+        if not isinstance(stmt, ast.Return):
+            continue
+        conds = [c for c in conditions_at(callee.node, stmt) if c.subject in params]
+        if conds and subjects_assigned(callee.node, {c.subject for c in conds}):
+            return ""
+        given = [
+            Cond(c.subject, const.value, True)
+            for c in conds
+            if (const := passed_constant(callee, call, c.subject)) is not None
+        ]
+        if not compatible(given, conds):
+            continue  # a branch the call's constants rule out
+        value = stmt.value
+        if not isinstance(value, ast.Call):
+            return ""
+        kind = LOSS_MODULES.get(owner.ctx.qualname(value.func) or "", "")
+        if not kind:
+            return ""
+        kinds.add(kind)
     return kinds.pop() if len(kinds) == 1 else ""
 
 

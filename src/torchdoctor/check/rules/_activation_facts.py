@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import re
 
-from torchdoctor.check.analysis.class_calls import argument_for
+from torchdoctor.check.analysis.class_calls import passed_constant
 from torchdoctor.check.analysis.file_loops import FileLoops, project_file, sibling_file
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.path_guards import Cond, conditions_at, subjects_assigned
@@ -98,22 +98,7 @@ def _param_conds(fi: FunctionInfo, expr: ast.AST) -> list[Cond]:
     return [c for c in conds if not subjects_assigned(fi.node, {c.subject})]
 
 
-def _passed_constant(fi: FunctionInfo, call: ast.Call, param: str) -> ast.Constant | None:
-    """The constant `call` passes for `param`, or its constant default when not passed."""
-    arg = argument_for(fi, call, param)
-    if arg is None and not isinstance(fi.node, ast.Module):
-        a = fi.node.args
-        if any(isinstance(x, ast.Starred) for x in call.args) or any(
-            k.arg is None for k in call.keywords
-        ):
-            return None  # *args / **kwargs may pass it
-        positional = [p.arg for p in (*a.posonlyargs, *a.args)]
-        if param in positional:
-            index = positional.index(param) - (len(positional) - len(a.defaults))
-            arg = a.defaults[index] if index >= 0 else None
-        elif param in [p.arg for p in a.kwonlyargs]:
-            arg = a.kw_defaults[[p.arg for p in a.kwonlyargs].index(param)]
-    return arg if isinstance(arg, ast.Constant) else None
+_passed_constant = passed_constant
 
 
 def _self_conds(fi: FunctionInfo, expr: ast.AST) -> list[Cond]:
