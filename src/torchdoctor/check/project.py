@@ -132,9 +132,6 @@ class LossCall:
     opaque: bool  # *args / **kwargs at the call: positions unknown
 
 
-LossFacts = dict[str, tuple[LossCall, ...]]
-
-
 @dataclass(frozen=True)
 class SavedFile:
     """One `torch.save` of the project that writes a non-tensor object (TD406)."""
@@ -278,9 +275,12 @@ class ProjectIndex:
     # functions they import (`loss_build`, analysis/loss_arguments.py), read only when a
     # file calls a parameter of a function it defines (`loss_arguments_for`; TD301/TD302).
     loss_files: tuple[tuple[str, str], ...] = ()
-    loss_build: Callable[[ProjectIndex, str, str], LossFacts] | None = None
+    loss_build: Callable[[ProjectIndex, str, str, str], tuple[LossCall, ...]] | None = None
     loss_digest: str = ""  # of the loss files (the cache fingerprint)
-    _losses: dict[str, LossFacts] = field(default_factory=dict, repr=False, compare=False)
+    _losses: dict[tuple[str, str], tuple[LossCall, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    _loss_callees: frozenset[str] | None = field(default=None, repr=False, compare=False)
     # What rules read from the file system on demand this run, by key (a file's presence,
     # a folder's packaging metadata: analysis/library_package.py): once per run, not per
     # file, and never stale in a long-lived process (each run builds a new index).
@@ -325,6 +325,16 @@ class ProjectIndex:
                 found.setdefault(name, []).extend(facts[name])
         return {name: tuple(facts) for name, facts in found.items()}
 
+    def loss_callees_among(self, names: Iterable[str]) -> frozenset[str]:
+        """Those of `names` a file handing on a torch loss may call (by its text)."""
+        if self.loss_build is None:
+            return frozenset()
+        if self._loss_callees is None:
+            self._loss_callees = frozenset(
+                name for _, source in self.loss_files for name in _CALLED_NAME.findall(source)
+            )
+        return self._loss_callees.intersection(names)
+
     def loss_arguments_for(self, name: str, path: str) -> tuple[LossCall, ...]:
         """The calls in other files, of those naming a torch loss, of the function `name`
         that `path` defines."""
@@ -332,14 +342,12 @@ class ProjectIndex:
             return ()
         found: list[LossCall] = []
         for other, source in self.loss_files:
-            if other == path or name not in source:
+            if other == path or f"{name}(" not in source:
                 continue
-            facts = self._losses.get(other)
-            if facts is None:
-                facts = self._losses[other] = self.loss_build(self, other, source)
-            found.extend(
-                c for c in facts.get(name, ()) if may_name(other, c.target, path, self.paths)
-            )
+            calls = self._losses.get((other, name))
+            if calls is None:
+                calls = self._losses[other, name] = self.loss_build(self, other, source, name)
+            found.extend(c for c in calls if may_name(other, c.target, path, self.paths))
         return tuple(found)
 
     def saved_files_for(self, keys: Iterable[str]) -> tuple[SavedFile, ...]:

@@ -12,6 +12,7 @@ call seen passes one, the same.
 from __future__ import annotations
 
 import ast
+import re
 
 from torchdoctor.check.analysis.class_calls import passed_constant
 from torchdoctor.check.analysis.file_loops import FileLoops, file_of
@@ -53,8 +54,21 @@ LOSS_TEXT = (
 )
 
 
+# A torch loss built (`nn.CrossEntropyLoss(`) or named as a value (`F.cross_entropy,`):
+# what a file that hands one to a function shows.
+_HANDS_LOSS = re.compile(
+    r"(?:CrossEntropyLoss|NLLLoss|BCELoss|BCEWithLogitsLoss)\s*\("
+    r"|\.(?:cross_entropy|nll_loss|binary_cross_entropy(?:_with_logits)?)\b(?!\s*\()"
+)
+
+
 def names_a_loss(source: str) -> bool:
     return any(word in source for word in LOSS_TEXT)
+
+
+def may_hand_losses(source: str) -> bool:
+    """Whether the file builds a torch loss or names a functional one as a value."""
+    return names_a_loss(source) and _HANDS_LOSS.search(source) is not None
 
 
 def built_calls(fl: FileLoops, fi: FunctionInfo, key: str) -> list[ast.Call] | None:
@@ -151,20 +165,24 @@ def _returned_kind(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> str:
     return kinds.pop() if len(kinds) == 1 else ""
 
 
-def loss_calls_of_imports(fl: FileLoops) -> dict[str, list[LossCall]]:
-    """Imported function name -> the calls of it in this file, with the loss kind each
+def loss_calls_of_import(fl: FileLoops, name: str) -> list[LossCall]:
+    """The calls in this file of the imported function `name`, with the loss kind each
     passes per slot (a position or a keyword; "" for anything else)."""
     ctx: FileContext = fl.ctx
-    found: dict[str, list[LossCall]] = {}
+    target = ctx.imports.get(name, "")
+    if not target or target.startswith(("torch", "numpy", "os", "sys")):
+        return []
+    needle = f"{name}("
+    found: list[LossCall] = []
     for fi in fl.all_functions():
+        if needle not in fi.text or name in fi.local_names():
+            continue
         for node in _own_nodes(fi):
-            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-                continue
-            name = node.func.id
-            target = ctx.imports.get(name, "")
-            if not target or target.startswith(("torch", "numpy", "os", "sys")):
-                continue
-            if name in fi.local_names():
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == name
+            ):
                 continue
             slots = tuple(
                 (str(i), torch_loss_kind(fl, fi, a))
@@ -174,9 +192,7 @@ def loss_calls_of_imports(fl: FileLoops) -> dict[str, list[LossCall]]:
             opaque = any(isinstance(a, ast.Starred) for a in node.args) or any(
                 k.arg is None for k in node.keywords
             )
-            found.setdefault(name, []).append(
-                LossCall(target, ctx.path, node.lineno, fi.name, slots, opaque)
-            )
+            found.append(LossCall(target, ctx.path, node.lineno, fi.name, slots, opaque))
     return found
 
 

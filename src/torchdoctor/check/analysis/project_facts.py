@@ -28,7 +28,7 @@ from torchdoctor.check.analysis.grad_contexts import (
     outside_calls,
 )
 from torchdoctor.check.analysis.grad_hooks import clamping_hooks, may_register_clamps
-from torchdoctor.check.analysis.loss_arguments import loss_calls_of_imports, names_a_loss
+from torchdoctor.check.analysis.loss_arguments import loss_calls_of_import, may_hand_losses
 from torchdoctor.check.analysis.method_facts import method_fact_name, portable
 from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
 from torchdoctor.check.analysis.saved_objects import project_saves
@@ -52,7 +52,7 @@ from torchdoctor.check.parsed_trees import forget, keep, take
 from torchdoctor.check.project import (
     CallFact,
     GenericFacts,
-    LossFacts,
+    LossCall,
     ModulePickles,
     ProjectIndex,
     SavedFile,
@@ -156,7 +156,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`
     pickling: list[tuple[str, str]] = []  # files that may pickle a whole module
     saving: list[tuple[str, str]] = []  # files that may torch.save a non-tensor object
-    losses: list[tuple[str, str]] = []  # files that name a torch loss
+    losses: list[tuple[str, str]] = []  # files that may hand a torch loss on
     moving: set[str] = set()
     parameters: set[str] = set()
     logit_losses: set[str] = set()
@@ -224,7 +224,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         # (a file that registers safe globals saves what its loads may read)
         if "save(" in source and "safe_globals" not in source and _SAVES.search(source):
             saving.append((path, source))
-        if names_a_loss(source):
+        if may_hand_losses(source):
             losses.append((path, source))
         if may_register_clamps(source):
             for name, where in clamping_hooks(path, source).items():
@@ -353,12 +353,11 @@ def _wrapped_arguments(index: ProjectIndex, path: str, source: str) -> WrappedFa
     return {}
 
 
-def _loss_arguments(index: ProjectIndex, path: str, source: str) -> LossFacts:
-    """Imported function name -> the calls of it in the file, with the losses they pass."""
+def _loss_arguments(index: ProjectIndex, path: str, source: str, name: str) -> tuple[LossCall, ...]:
+    """The calls of the imported function `name` in the file, with the losses they pass."""
     for ctx in _contexts(index, [(path, source)]):
-        found = loss_calls_of_imports(analysis(ctx))
-        return {name: tuple(calls) for name, calls in found.items()}
-    return {}
+        return tuple(loss_calls_of_import(analysis(ctx), name))
+    return ()
 
 
 def _saved_files(index: ProjectIndex, path: str, source: str) -> tuple[SavedFile, ...]:

@@ -29,7 +29,7 @@ from torchdoctor.check.rules._activation_facts import (
     assigned_calls,
 )
 from torchdoctor.check.rules._activations import activation
-from torchdoctor.check.rules._loss_params import called_parameters, may_hold_losses, parameter_loss
+from torchdoctor.check.rules._loss_params import loss_parameters, may_hold_losses, parameter_loss
 from torchdoctor.check.tree_walk import iter_children, spans_a_line, walk
 
 __all__ = [
@@ -86,9 +86,7 @@ def _loss_calls(ctx: FileContext) -> list[tuple[FunctionInfo, ast.Call, str]]:
     # statements on such lines are searched for calls
     needles = (*_LOSS_WORDS, *instances, *built, *ctx.call_needles(_LOSS_FUNCTION_NAMES))
     # parameters called like a loss (`criterion(out, y)`): their callers may pass one
-    param_calls = (
-        {fi.node: called_parameters(fi) for fi in fl.functions} if may_hold_losses(fl) else {}
-    )
+    param_calls = loss_parameters(fl) if may_hold_losses(ctx) else {}
     params = {p for called in param_calls.values() for p in called}
     lines = ctx.lines_holding((*needles, *(f"{p}(" for p in params)))
     found = []
@@ -108,7 +106,9 @@ def _loss_calls(ctx: FileContext) -> list[tuple[FunctionInfo, ast.Call, str]]:
                 continue
             for node in _shallow_calls(stmt, lines):
                 if isinstance(node.func, ast.Name) and node.func.id in called:
-                    if len(node.args) >= 2:  # a loss takes (input, target)
+                    # a loss takes (input, target); its callers are read only where
+                    # the input is an activation's output (cheaper: asked first)
+                    if len(node.args) >= 2 and activation(fl, fi, node.args[0]) is not None:
                         held = parameter_loss(fl, fi, node.func.id)
                         if held is not None:
                             found.append((fi, node, held[0]))

@@ -17,6 +17,7 @@ from torchdoctor.check.analysis.class_calls import argument_for
 from torchdoctor.check.analysis.file_loops import FileLoops
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.loss_arguments import names_a_loss, torch_loss_kind
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.rules._activation_facts import _last_binding
 
 _LOSS_CLASS = {
@@ -27,10 +28,36 @@ _LOSS_CLASS = {
 }
 
 
-def may_hold_losses(fl: FileLoops) -> bool:
+def may_hold_losses(ctx: FileContext) -> bool:
     """Whether a parameter here can be shown to hold a loss: this file names one, or
-    another project file that does may call a function of this one."""
-    return names_a_loss(fl.ctx.source) or fl.ctx.project.loss_build is not None
+    another project file that does may call a function this one defines (by the texts)."""
+    return ctx.shared("may_hold_losses", _may_hold)
+
+
+def _may_hold(ctx: FileContext) -> bool:
+    return names_a_loss(ctx.source) or bool(_called_from_loss_files(ctx))
+
+
+def loss_parameters(fl: FileLoops) -> dict[ast.AST, list[str]]:
+    """Function node -> the parameters it calls that its callers may pass a loss for:
+    any function's where this file names a loss, else the top-level functions' that a
+    file handing on a loss may call."""
+    ctx = fl.ctx
+    if names_a_loss(ctx.source):
+        functions = fl.functions
+    else:
+        called = _called_from_loss_files(ctx)
+        functions = [f for f in fl.functions if f.parent is None and f.cls is None]
+        functions = [f for f in functions if f.name in called]
+    found = {fi.node: called_parameters(fi) for fi in functions}
+    return {node: params for node, params in found.items() if params}
+
+
+def _called_from_loss_files(ctx: FileContext) -> frozenset[str]:
+    defined = [
+        s.name for s in ctx.tree.body if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    return ctx.project.loss_callees_among(defined)
 
 
 def called_parameters(fi: FunctionInfo) -> list[str]:

@@ -12,6 +12,7 @@ from torchdoctor.check.rules._loss_inputs import (
     loss_calls,
     loss_name,
 )
+from torchdoctor.check.rules._loss_params import may_hold_losses
 
 
 class SoftmaxIntoCrossEntropy(Rule):
@@ -73,7 +74,7 @@ class SoftmaxIntoCrossEntropy(Rule):
     def finish(self) -> None:
         src = self.ctx.source
         words = ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss")
-        if not any(t in src for t in words) and self.ctx.project.loss_build is None:
+        if not any(t in src for t in words) and not may_hold_losses(self.ctx):
             return  # no such loss here, nor one another file may pass to a function here
         fl = analysis(self.ctx)
         for fi, call, kind in loss_calls(self.ctx, frozenset({CROSS_ENTROPY, NLL})):

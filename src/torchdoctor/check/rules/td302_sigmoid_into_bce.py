@@ -12,6 +12,7 @@ from torchdoctor.check.rules._loss_inputs import (
     loss_calls,
     loss_name,
 )
+from torchdoctor.check.rules._loss_params import may_hold_losses
 
 
 class SigmoidIntoBce(Rule):
@@ -71,7 +72,7 @@ class SigmoidIntoBce(Rule):
         if (
             not any(t in src for t in words)
             and not built_logit_losses(self.ctx)
-            and self.ctx.project.loss_build is None
+            and not may_hold_losses(self.ctx)
         ):
             return  # no loss taking logits here (nor a project class built on one, nor
             # one another file may pass to a function here)
