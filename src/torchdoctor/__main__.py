@@ -1,3 +1,3 @@
-from torchdoctor.cli import main
+from torchdoctor.cli import entry
 
-raise SystemExit(main())
+entry()

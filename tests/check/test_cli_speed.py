@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.check.conftest import CLI, FIXED_LOAD, LOAD, write
+from tests.check.conftest import CLI, FIXED_LOAD, LOAD, run_child, write
 from torchdoctor.check import parallel
 from torchdoctor.check.engine import RunOptions
 from torchdoctor.check.project import ProjectIndex
@@ -179,3 +181,33 @@ def test_cache_is_redone_when_an_imported_sibling_file_changes(td: CLI, project:
     write(engine, fixed)  # evaluate() now sets eval mode itself
     after = td(*args)
     assert after.code == 0, after.out
+
+
+def test_the_command_ends_fast_with_its_whole_report_and_cache_written(project: Path) -> None:
+    """`python -m torchdoctor check` ends without tearing down (os._exit): the report
+    (larger than a pipe's buffer), its exit code and the cache must all be complete."""
+    many_files(project, 120)
+    child = run_child("check", "--select", "TD402", "--format", "json", ".", cwd=project)
+    assert child.returncode == 1, child.stderr
+    assert child.stderr == ""
+    findings = json.loads(child.stdout)
+    assert len(findings) == 80  # two of every three files load without map_location
+    assert any((project / ".torchdoctor_cache").iterdir())  # the cache was written first
+    again = run_child("check", "--select", "TD402", "--format", "json", ".", cwd=project)
+    assert json.loads(again.stdout) == findings
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(project: Path) -> None:
+    many_files(project, 120)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "torchdoctor", "check", "--select", "TD402", "."],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.readline()
+    child.stdout.close()  # like `| head -1`
+    errors = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 1
+    assert "Traceback" not in errors and "Exception ignored" not in errors

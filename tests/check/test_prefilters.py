@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from torchdoctor.check.analysis.grad_contexts import mentions_zeroing
 from torchdoctor.check.analysis.names import (
     _EVAL_DATA_WORDS,
     _EVALISH_PIECES,
@@ -15,6 +16,7 @@ from torchdoctor.check.analysis.names import (
     _modelish_word,
 )
 from torchdoctor.check.analysis.project_facts import build_project
+from torchdoctor.check.analysis.unbound import _declares
 
 
 def _identifiers() -> set[str]:
@@ -67,3 +69,64 @@ def test_holds_answers_as_a_plain_substring_test() -> None:
             assert ctx.holds(needle) == (needle in source), (needle, source[:60])
             checked += needle in source
     assert checked > 100  # most answers above were yes: the test sees both kinds
+
+
+# The single pattern `mentions_zeroing` was first written as; split for speed, it must
+# answer the same on every text.
+_ZEROING_AS_ONE = re.compile(
+    r"zero_grad|\.grad\s*=\s*None|\.grad(?:\.data)?\.(?:zero_|fill_|mul_|detach_)|"
+    r"_foreach_zero_|set_to_none|del\s+\S+\.grad\b"
+)
+
+
+def test_mentions_zeroing_answers_as_the_single_pattern() -> None:
+    texts = [
+        path.read_text(encoding="utf-8")
+        for path in (Path(__file__).parent / "fixtures").rglob("*.py")
+    ]
+    texts += [
+        "p.grad = None",
+        "p.grad   =None",
+        "p.grad.data.zero_()",
+        "p.grad.mul_(0)",
+        "p.grad.detach_()",
+        "del p.grad",
+        "del\tlayer.weight.grad",
+        "del p.gradient",
+        "p.grad.add_(1)",
+        "torch.zeros(3)",
+        "torch._foreach_zero_(grads)",
+        "opt.zero_grad(set_to_none=True)",
+        "x = p.grad\n",
+        "",
+    ]
+    assert any(not mentions_zeroing(t) and ".grad" in t for t in texts)
+    for text in texts:
+        assert mentions_zeroing(text) == bool(_ZEROING_AS_ONE.search(text)), text
+
+
+_DECLARATION_AS_ONE = re.compile(r"(?:^|[;:])[ \t]*(?:global|nonlocal)[ \t]", re.MULTILINE)
+
+
+def test_declares_answers_as_the_single_pattern() -> None:
+    texts = [
+        path.read_text(encoding="utf-8")
+        for path in (Path(__file__).parent / "fixtures").rglob("*.py")
+    ]
+    texts += [
+        "def f():\n    global x\n",
+        "global x",
+        "if a: global x",
+        "a = 1; nonlocal_thing = 2",
+        "a = 1;\tnonlocal y",
+        "# the global minimum\n",
+        "x = 'global y'\n",
+        "xglobal y",
+        "b global x; c",
+        "def f():\n    nonlocal\tn\n",
+        "globally speaking",
+        "",
+    ]
+    assert any(not _declares(t) and "global " in t for t in texts)
+    for text in texts:
+        assert _declares(text) == bool(_DECLARATION_AS_ONE.search(text)), text

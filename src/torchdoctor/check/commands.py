@@ -120,7 +120,7 @@ def register(subparsers: Any) -> None:
     speed.add_argument(
         "--no-cache", action="store_true", help="do not read or write .torchdoctor_cache/"
     )
-    check.set_defaults(func=run_check_command)
+    check.set_defaults(func=run_check_command, exits_fast=True)
 
     rules_cmd = subparsers.add_parser("rules", help="list every rule code")
     rules_cmd.add_argument("--format", choices=("text", "json"), default="text")

@@ -121,11 +121,13 @@ def check_source(
     `tree` may be passed when the caller already parsed `source` (the flake8 plugin).
     """
     # The words of the text, found once and shared with the context (the triggers below,
-    # the rules). The regex is slow on long files: first a test any spelling of "noqa"
-    # passes, on the distinct words (far shorter than the text; "noqa" lies in one).
+    # the rules). The regex is slow on long files: first a test any spelling of
+    # "torchdoctor: noqa" passes, on the distinct words (far shorter than the text; both
+    # words are whole words there, and flake8's own `# noqa` comments are common).
     words = words_of(source)
     word_text = "\n".join(words)
-    if "qa" in word_text.lower() and _FILE_NOQA.search(as_lf(source)):
+    lowered = word_text.lower()
+    if "qa" in lowered and "torchdoctor" in lowered and _FILE_NOQA.search(as_lf(source)):
         file_noqa = _file_noqa_codes(source)
         if file_noqa is None:
             return []

@@ -148,17 +148,20 @@ _MODE_SENSITIVE = re.compile(
 _MISSING = object()
 
 
-_ZEROING = re.compile(
-    r"zero_grad|\.grad\s*=\s*None|\.grad(?:\.data)?\.(?:zero_|fill_|mul_|detach_)|"
-    r"_foreach_zero_|set_to_none|del\s+\S+\.grad\b"
-)
+# What zeroes gradients, besides the names `zero_grad`, `_foreach_zero_` and
+# `set_to_none` (plain substrings). Each pattern starts with a literal, which the regex
+# engine finds by a fast scan; one alternation of them all tried every position of
+# the text (a third of a second on PyTorch's tree).
+_GRAD_RESET = re.compile(r"\.grad(?:\s*=\s*None|(?:\.data)?\.(?:zero_|fill_|mul_|detach_))")
+_GRAD_DELETED = re.compile(r"del\s+\S+\.grad\b")
 
 
 def mentions_zeroing(text: str) -> bool:
-    # every alternative holds one of these words: a file without them skips the regex
-    if "zero" not in text and ".grad" not in text and "set_to_none" not in text:
+    if "zero_grad" in text or "_foreach_zero_" in text or "set_to_none" in text:
+        return True
+    if ".grad" not in text:  # both patterns hold it
         return False
-    return bool(_ZEROING.search(text))
+    return bool(_GRAD_RESET.search(text) or _GRAD_DELETED.search(text))
 
 
 def decorator_names(ctx: FileContext, node: FuncNode) -> list[str]:
