@@ -26,7 +26,12 @@ class SoftmaxIntoCrossEntropy(Rule):
     `nn.NLLLoss` calls given plain softmax probabilities instead of
     log-probabilities. A loss class of the project whose `forward` hands its input,
     reshaped at most, to `log_softmax` or `cross_entropy` (a focal loss built on
-    log-softmax and NLL) counts as `cross_entropy`. A `log_softmax` output fed to
+    log-softmax and NLL) counts as `cross_entropy`, and so does a loss a function
+    takes as a parameter (`criterion(model(x), y)`) where every call of it seen passes
+    one (`fit(model, loader, nn.CrossEntropyLoss())`, in this file or another). A model
+    built with constants that fix its settings (`Tagger(n, normalize=True)` storing
+    `self.normalize`) runs only the returns of its `forward` those settings allow; a
+    setting chosen at run time leaves it unknown. A `log_softmax` output fed to
     `cross_entropy` is not reported: log_softmax is idempotent, so the loss and its
     gradients are right.
 
