@@ -475,15 +475,17 @@ def _model_output(
     # another object: the tests on `self` say nothing of it, but the constants its
     # constructor call passes may fix some of its settings
     conds: list[Cond] = []
+    pruned = False
     if isinstance(source, ast.Call) and held.cls in owner.classes:
         conds = built_settings(fl, owner, held.cls, source)
         if conds and not subjects_assigned(forward.node, {c.subject for c in conds}):
-            returns = [r for r in returns if compatible(conds, conditions_at(forward.node, r))]
+            kept = [r for r in returns if compatible(conds, conditions_at(forward.node, r))]
+            pruned, returns = len(kept) < len(returns), kept
         else:
             conds = []
     inner = walk_.to(held.cls, conds)
     built = ""
-    if conds and isinstance(source, ast.Call):
+    if pruned and isinstance(source, ast.Call):  # name the settings that chose the returns
         built = f" as built with {describe(conds)} (line {source.lineno})"
     results = [activation(owner, forward, r, depth + 1, inner) for r in returns]
     kinds = {r[0] if r else None for r in results}
