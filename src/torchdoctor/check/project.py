@@ -120,6 +120,20 @@ class CallFact:
     receiver: Value | None = None
 
 
+_IDENTIFIER_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+
+
+def _called_names(source: str) -> set[str]:
+    """The ASCII names written right before a `(` (a superset of the functions the text
+    calls): a split, several times faster than a pattern over long texts."""
+    found = set()
+    for part in source.split("(")[:-1]:
+        name = part[len(part.rstrip(_IDENTIFIER_CHARS)) :]
+        if name:
+            found.add(name)
+    return found
+
+
 @dataclass(frozen=True)
 class LossCall:
     """A call of a function that may hand it a torch loss (analysis/loss_arguments.py)."""
@@ -277,10 +291,10 @@ class ProjectIndex:
     loss_files: tuple[tuple[str, str], ...] = ()
     loss_build: Callable[[ProjectIndex, str, str, str], tuple[LossCall, ...]] | None = None
     loss_digest: str = ""  # of the loss files (the cache fingerprint)
+    _loss_callees: frozenset[str] | None = field(default=None, repr=False, compare=False)
     _losses: dict[tuple[str, str], tuple[LossCall, ...]] = field(
         default_factory=dict, repr=False, compare=False
     )
-    _loss_callees: frozenset[str] | None = field(default=None, repr=False, compare=False)
     # What rules read from the file system on demand this run, by key (a file's presence,
     # a folder's packaging metadata: analysis/library_package.py): once per run, not per
     # file, and never stale in a long-lived process (each run builds a new index).
@@ -326,12 +340,12 @@ class ProjectIndex:
         return {name: tuple(facts) for name, facts in found.items()}
 
     def loss_callees_among(self, names: Iterable[str]) -> frozenset[str]:
-        """Those of `names` a file handing on a torch loss may call (by its text)."""
+        """Those of `names` a file handing on a torch loss may call (`name(` in its text)."""
         if self.loss_build is None:
             return frozenset()
-        if self._loss_callees is None:
+        if self._loss_callees is None:  # once per run: the loss files may be long
             self._loss_callees = frozenset(
-                name for _, source in self.loss_files for name in _CALLED_NAME.findall(source)
+                name for _, source in self.loss_files for name in _called_names(source)
             )
         return self._loss_callees.intersection(names)
 

@@ -54,10 +54,26 @@ def loss_parameters(fl: FileLoops) -> dict[ast.AST, list[str]]:
 
 
 def _called_from_loss_files(ctx: FileContext) -> frozenset[str]:
-    defined = [
-        s.name for s in ctx.tree.body if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
-    ]
-    return ctx.project.loss_callees_among(defined)
+    """The top-level functions here that call a parameter (`criterion(`, read from the
+    text first) and that a file handing on a loss may call."""
+    return ctx.shared("loss_callees", _loss_callees)
+
+
+def _loss_callees(ctx: FileContext) -> frozenset[str]:
+    if ctx.project.loss_build is None:
+        return frozenset()
+    calling = []
+    for stmt in ctx.tree.body:
+        if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        a = stmt.args
+        params = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+        if not params:
+            continue
+        text = ctx.segment(stmt)
+        if any(f"{p}(" in text for p in params):
+            calling.append(stmt.name)
+    return ctx.project.loss_callees_among(calling)
 
 
 def called_parameters(fi: FunctionInfo) -> list[str]:
