@@ -120,6 +120,32 @@ class CallFact:
     receiver: Value | None = None
 
 
+_IDENTIFIER_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+
+
+def _called_names(source: str) -> set[str]:
+    """The ASCII names written right before a `(` (a superset of the functions the text
+    calls): a split, several times faster than a pattern over long texts."""
+    found = set()
+    for part in source.split("(")[:-1]:
+        name = part[len(part.rstrip(_IDENTIFIER_CHARS)) :]
+        if name:
+            found.add(name)
+    return found
+
+
+@dataclass(frozen=True)
+class LossCall:
+    """A call of a function that may hand it a torch loss (analysis/loss_arguments.py)."""
+
+    target: str  # what the calling file imported the callee as
+    path: str
+    line: int
+    caller: str  # the calling function's name
+    slots: tuple[tuple[str, str], ...]  # (position or keyword, loss kind or "")
+    opaque: bool  # *args / **kwargs at the call: positions unknown
+
+
 @dataclass(frozen=True)
 class SavedFile:
     """One `torch.save` of the project that writes a non-tensor object (TD406)."""
@@ -259,6 +285,16 @@ class ProjectIndex:
     # call a project loss taking logits (analysis/text_facts.logit_loss_classes; TD301,
     # TD302 read the class where a file calls it).
     logit_losses: frozenset[str] = frozenset()
+    # The files whose text names a torch loss, (path, text): what they pass to the
+    # functions they import (`loss_build`, analysis/loss_arguments.py), read only when a
+    # file calls a parameter of a function it defines (`loss_arguments_for`; TD301/TD302).
+    loss_files: tuple[tuple[str, str], ...] = ()
+    loss_build: Callable[[ProjectIndex, str, str, str], tuple[LossCall, ...]] | None = None
+    loss_digest: str = ""  # of the loss files (the cache fingerprint)
+    _loss_callees: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    _losses: dict[tuple[str, str], tuple[LossCall, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
     # What rules read from the file system on demand this run, by key (a file's presence,
     # a folder's packaging metadata: analysis/library_package.py): once per run, not per
     # file, and never stale in a long-lived process (each run builds a new index).
@@ -302,6 +338,31 @@ class ProjectIndex:
             for name in wanted.intersection(facts):
                 found.setdefault(name, []).extend(facts[name])
         return {name: tuple(facts) for name, facts in found.items()}
+
+    def loss_callees_among(self, names: Iterable[str]) -> frozenset[str]:
+        """Those of `names` a file handing on a torch loss may call (`name(` in its text)."""
+        if self.loss_build is None:
+            return frozenset()
+        if self._loss_callees is None:  # once per run: the loss files may be long
+            self._loss_callees = frozenset(
+                name for _, source in self.loss_files for name in _called_names(source)
+            )
+        return self._loss_callees.intersection(names)
+
+    def loss_arguments_for(self, name: str, path: str) -> tuple[LossCall, ...]:
+        """The calls in other files, of those naming a torch loss, of the function `name`
+        that `path` defines."""
+        if self.loss_build is None:
+            return ()
+        found: list[LossCall] = []
+        for other, source in self.loss_files:
+            if other == path or f"{name}(" not in source:
+                continue
+            calls = self._losses.get((other, name))
+            if calls is None:
+                calls = self._losses[other, name] = self.loss_build(self, other, source, name)
+            found.extend(c for c in calls if may_name(other, c.target, path, self.paths))
+        return tuple(found)
 
     def saved_files_for(self, keys: Iterable[str]) -> tuple[SavedFile, ...]:
         """The saves of the project that write a non-tensor object to a file one of
@@ -385,6 +446,8 @@ class ProjectIndex:
             text += "\nwrapped:" + self.wrapped_digest
         if self.saves_digest:
             text += "\nsaves:" + self.saves_digest
+        if self.loss_digest:
+            text += "\nlosses:" + self.loss_digest
         if self.cuda_defaults:
             text += "\ncuda-defaults:" + repr(sorted(self.cuda_defaults.items()))
         if self.zeroing_calls:

@@ -144,6 +144,12 @@ interpreters see the per-file objects above them only through protocols):
                   vocabulary, no_grad/autocast contexts, events and their order; a call of
                   the file's function that runs backward() on a parameter is a backward
                   event of its argument (`Event.via`: a loop split across two functions)
+- `loss_arguments` the torch loss an argument holds (`nn.CrossEntropyLoss()`, a name bound
+                  to one, `F.cross_entropy`, a project function returning one given the
+                  constants passed) and the calls of an imported function with the loss
+                  each passes per slot (`ProjectIndex.loss_arguments_for`, built on demand
+                  from the files that build or name a loss; TD301/TD302 read a parameter
+                  called as a loss through it, rules/_loss_params.py)
 - `overrides`     `self.m()` of an abstract method (`raise NotImplementedError`): the one
                   subclass definition of `m` in the project (`ProjectIndex.bases`,
                   `class_files`; `FileLoops.sole_override`, asked in evaluation code)

@@ -99,6 +99,24 @@ def argument_for(fi: FunctionInfo, call: ast.Call, param: str) -> ast.expr | Non
     return call.args[index] if index < len(call.args) else None
 
 
+def passed_constant(fi: FunctionInfo, call: ast.Call, param: str) -> ast.Constant | None:
+    """The constant `call` passes for `param`, or its constant default when not passed."""
+    arg = argument_for(fi, call, param)
+    if arg is None and not isinstance(fi.node, ast.Module):
+        a = fi.node.args
+        if any(isinstance(x, ast.Starred) for x in call.args) or any(
+            k.arg is None for k in call.keywords
+        ):
+            return None  # *args / **kwargs may pass it
+        positional = [p.arg for p in (*a.posonlyargs, *a.args)]
+        if param in positional:
+            index = positional.index(param) - (len(positional) - len(a.defaults))
+            arg = a.defaults[index] if index >= 0 else None
+        elif param in [p.arg for p in a.kwonlyargs]:
+            arg = a.kw_defaults[[p.arg for p in a.kwonlyargs].index(param)]
+    return arg if isinstance(arg, ast.Constant) else None
+
+
 _REEXPORT_HOPS = 3  # `from pkg import C` -> pkg/__init__.py -> `from .mod import C`
 
 

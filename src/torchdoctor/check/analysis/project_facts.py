@@ -22,11 +22,13 @@ from collections.abc import Iterable, Iterator
 from torchdoctor.check.analysis.builder_callers import builder_callers
 from torchdoctor.check.analysis.dropped_device import CudaDefault, cuda_default_classes
 from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.grad_contexts import (
     may_turn_grad_off,
     outside_calls,
 )
 from torchdoctor.check.analysis.grad_hooks import clamping_hooks, may_register_clamps
+from torchdoctor.check.analysis.loss_arguments import loss_calls_of_import, may_hand_losses
 from torchdoctor.check.analysis.method_facts import method_fact_name, portable
 from torchdoctor.check.analysis.module_pickles import may_pickle_modules, project_pickles
 from torchdoctor.check.analysis.saved_objects import project_saves
@@ -51,6 +53,7 @@ from torchdoctor.check.parsed_trees import forget, keep, plan, take
 from torchdoctor.check.project import (
     CallFact,
     GenericFacts,
+    LossCall,
     ModulePickles,
     ProjectIndex,
     SavedFile,
@@ -175,6 +178,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     generic: list[tuple[str, str]] = []  # files that build a generic class `C[T](...)`
     pickling: list[tuple[str, str]] = []  # files that may pickle a whole module
     saving: list[tuple[str, str]] = []  # files that may torch.save a non-tensor object
+    losses: list[tuple[str, str]] = []  # files that may hand a torch loss on
     moving: set[str] = set()
     parameters: set[str] = set()
     logit_losses: set[str] = set()
@@ -243,6 +247,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         # (a file that registers safe globals saves what its loads may read)
         if "save(" in source and "safe_globals" not in source and _SAVES.search(source):
             saving.append((path, source))
+        if may_hand_losses(source):
+            losses.append((path, source))
         if may_register_clamps(source):
             for name, where in clamping_hooks(path, source).items():
                 index.clamping_hooks.setdefault(name, where)
@@ -295,6 +301,10 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         index.saving_files = tuple(saving)
         index.saves_build = _saved_files
         index.saves_digest = _texts_digest(saving)
+    if losses and count > 1:  # a lone file sees its own calls
+        index.loss_files = tuple(losses)
+        index.loss_build = _loss_arguments
+        index.loss_digest = _texts_digest(losses)
     if pickling and count > 1:  # a lone file sees its own pickles
         index.pickles_build = functools.partial(_module_pickles, tuple(pickling))
         index.pickles_digest = _texts_digest(pickling)
@@ -364,6 +374,13 @@ def _wrapped_arguments(index: ProjectIndex, path: str, source: str) -> WrappedFa
         except RecursionError:
             break
     return {}
+
+
+def _loss_arguments(index: ProjectIndex, path: str, source: str, name: str) -> tuple[LossCall, ...]:
+    """The calls of the imported function `name` in the file, with the losses they pass."""
+    for ctx in _contexts(index, [(path, source)]):
+        return tuple(loss_calls_of_import(analysis(ctx), name))
+    return ()
 
 
 def _saved_files(index: ProjectIndex, path: str, source: str) -> tuple[SavedFile, ...]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import ast
 import re
 
-from torchdoctor.check.analysis.class_calls import argument_for
-from torchdoctor.check.analysis.file_loops import FileLoops, sibling_file
+from torchdoctor.check.analysis.class_calls import passed_constant
+from torchdoctor.check.analysis.file_loops import FileLoops, project_file, sibling_file
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.path_guards import Cond, conditions_at, subjects_assigned
 from torchdoctor.check.analysis.syntax import dotted
@@ -98,22 +98,7 @@ def _param_conds(fi: FunctionInfo, expr: ast.AST) -> list[Cond]:
     return [c for c in conds if not subjects_assigned(fi.node, {c.subject})]
 
 
-def _passed_constant(fi: FunctionInfo, call: ast.Call, param: str) -> ast.Constant | None:
-    """The constant `call` passes for `param`, or its constant default when not passed."""
-    arg = argument_for(fi, call, param)
-    if arg is None and not isinstance(fi.node, ast.Module):
-        a = fi.node.args
-        if any(isinstance(x, ast.Starred) for x in call.args) or any(
-            k.arg is None for k in call.keywords
-        ):
-            return None  # *args / **kwargs may pass it
-        positional = [p.arg for p in (*a.posonlyargs, *a.args)]
-        if param in positional:
-            index = positional.index(param) - (len(positional) - len(a.defaults))
-            arg = a.defaults[index] if index >= 0 else None
-        elif param in [p.arg for p in a.kwonlyargs]:
-            arg = a.kw_defaults[[p.arg for p in a.kwonlyargs].index(param)]
-    return arg if isinstance(arg, ast.Constant) else None
+_passed_constant = passed_constant
 
 
 def _self_conds(fi: FunctionInfo, expr: ast.AST) -> list[Cond]:
@@ -173,6 +158,16 @@ def _class_forward(fl: FileLoops, cls: str) -> tuple[FileLoops, FunctionInfo] | 
         other = sibling_file(fl.ctx, module)
         if other is not None:
             forward = other.methods.get(name, {}).get("forward")
+            if forward is not None:
+                return other, forward
+        return None
+    # a model a caller in another file built (`fit(Net(), ...)`): the one project file
+    # that defines a class of that name
+    files = fl.ctx.project.class_files.get(cls, ())
+    if target is None and len(files) == 1 and cls in fl.ctx.project.module_classes:
+        other = project_file(fl.ctx, files[0])
+        if other is not None:
+            forward = other.methods.get(cls, {}).get("forward")
             if forward is not None:
                 return other, forward
     return None

@@ -53,6 +53,7 @@ from torchdoctor.check.rules._activation_facts import (
     str_key_of,
 )
 from torchdoctor.check.rules._activation_joins import joined, log_or_exp
+from torchdoctor.check.rules._built_settings import built_settings
 
 _BUDGET = 400  # steps of one walk: a large class with many callers stays fast
 _MAX_DEPTH = 16
@@ -471,7 +472,21 @@ def _model_output(
     returns = [s.value for s in forward.own_statements() if isinstance(s, ast.Return) and s.value]
     if not returns:
         return None
-    inner = walk_.to(held.cls, [])  # another object: the tests on `self` say nothing of it
+    # another object: the tests on `self` say nothing of it, but the constants its
+    # constructor call passes may fix some of its settings
+    conds: list[Cond] = []
+    pruned = False
+    if isinstance(source, ast.Call) and held.cls in owner.classes:
+        conds = built_settings(fl, owner, held.cls, source)
+        if conds and not subjects_assigned(forward.node, {c.subject for c in conds}):
+            kept = [r for r in returns if compatible(conds, conditions_at(forward.node, r))]
+            pruned, returns = len(kept) < len(returns), kept
+        else:
+            conds = []
+    inner = walk_.to(held.cls, conds)
+    built = ""
+    if pruned and isinstance(source, ast.Call):  # name the settings that chose the returns
+        built = f" as built with {describe(conds)} (line {source.lineno})"
     results = [activation(owner, forward, r, depth + 1, inner) for r in returns]
     kinds = {r[0] if r else None for r in results}
     if len(kinds) == 1 and None not in kinds:
@@ -480,6 +495,6 @@ def _model_output(
         where = "" if owner is fl else f" in {owner.ctx.path.rsplit('/', 1)[-1]}"
         return kind, (
             f"`{ctx.segment(func)}(...)`, whose `{held.cls}.forward` returns a {kind} output "
-            f"(line {returns[0].lineno}{where})"
+            f"(line {returns[0].lineno}{where}){built}"
         )
     return None

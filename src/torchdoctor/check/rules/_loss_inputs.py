@@ -12,6 +12,14 @@ import re
 from torchdoctor.check.analysis.class_calls import project_class
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.loss_arguments import (
+    BCE,
+    BCE_LOGITS,
+    CROSS_ENTROPY,
+    LOSS_FUNCTIONS,
+    LOSS_MODULES,
+    NLL,
+)
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rules._activation_facts import (
@@ -21,40 +29,45 @@ from torchdoctor.check.rules._activation_facts import (
     assigned_calls,
 )
 from torchdoctor.check.rules._activations import activation
+from torchdoctor.check.rules._loss_params import loss_parameters, may_hold_losses, parameter_loss
 from torchdoctor.check.tree_walk import iter_children, spans_a_line, walk
 
 __all__ = [
+    "BCE",
+    "BCE_LOGITS",
+    "CROSS_ENTROPY",
     "LOG_SOFTMAX",
+    "NLL",
     "SIGMOID",
     "SOFTMAX",
     "activation",
     "built_logit_losses",
     "loss_calls",
     "loss_kind",
+    "loss_name",
 ]
 
-CROSS_ENTROPY = "cross_entropy"
-NLL = "nll_loss"
-BCE = "binary_cross_entropy"
-BCE_LOGITS = "binary_cross_entropy_with_logits"
-_LOSS_FUNCTIONS = {
-    "torch.nn.functional.cross_entropy": CROSS_ENTROPY,
-    "torch.nn.functional.nll_loss": NLL,
-    "torch.nn.functional.binary_cross_entropy": BCE,
-    "torch.nn.functional.binary_cross_entropy_with_logits": BCE_LOGITS,
-}
+_LOSS_FUNCTIONS = LOSS_FUNCTIONS
 _LOSS_FUNCTION_NAMES = frozenset(_LOSS_FUNCTIONS)
-_LOSS_MODULES = {
-    "torch.nn.CrossEntropyLoss": CROSS_ENTROPY,
-    "torch.nn.NLLLoss": NLL,
-    "torch.nn.BCELoss": BCE,
-    "torch.nn.BCEWithLogitsLoss": BCE_LOGITS,
-}
+_LOSS_MODULES = LOSS_MODULES
 
 
 def loss_calls(ctx: FileContext, kinds: frozenset[str]) -> list[tuple[FunctionInfo, ast.Call, str]]:
     """Every call of a loss of one of `kinds` in the file: (function, call, kind)."""
     return [found for found in ctx.shared("loss_calls", _loss_calls) if found[2] in kinds]
+
+
+def loss_origins(ctx: FileContext) -> dict[ast.Call, str]:
+    """Loss call -> where its loss comes from, for a parameter called as one."""
+    return ctx.shared("loss_origins", lambda _: {})
+
+
+def loss_name(ctx: FileContext, call: ast.Call) -> str:
+    """How messages name the loss `call` runs: `criterion` (the `nn.CrossEntropyLoss`
+    that `main` passes (main.py:12))."""
+    origin = loss_origins(ctx).get(call)
+    text = f"`{ctx.segment(call.func)}`"
+    return f"{text} ({origin})" if origin else text
 
 
 def _loss_calls(ctx: FileContext) -> list[tuple[FunctionInfo, ast.Call, str]]:
@@ -71,13 +84,17 @@ def _loss_calls(ctx: FileContext) -> list[tuple[FunctionInfo, ast.Call, str]]:
     built = tuple(f"{c}(" for c in built_logit_losses(ctx))
     # a loss call's text names the loss, an instance of it or an import alias of it: only
     # statements on such lines are searched for calls
-    lines = ctx.lines_holding(
-        (*_LOSS_WORDS, *instances, *built, *ctx.call_needles(_LOSS_FUNCTION_NAMES))
-    )
+    needles = (*_LOSS_WORDS, *instances, *built, *ctx.call_needles(_LOSS_FUNCTION_NAMES))
+    # parameters called like a loss (`criterion(out, y)`): their callers may pass one
+    param_calls = loss_parameters(fl) if may_hold_losses(ctx) else {}
+    params = {p for called in param_calls.values() for p in called}
+    lines = ctx.lines_holding((*needles, *(f"{p}(" for p in params)))
     found = []
     for fi in fl.all_functions():
+        called = param_calls.get(fi.node, [])
         if (
-            not any(w in fi.text for w in _LOSS_WORDS)
+            not called
+            and not any(w in fi.text for w in _LOSS_WORDS)
             and not any(i in fi.text for i in instances)
             and not any(b in fi.text for b in built)
         ):
@@ -88,6 +105,15 @@ def _loss_calls(ctx: FileContext) -> list[tuple[FunctionInfo, ast.Call, str]]:
             if not spans_a_line(stmt, lines):
                 continue
             for node in _shallow_calls(stmt, lines):
+                if isinstance(node.func, ast.Name) and node.func.id in called:
+                    # a loss takes (input, target); its callers are read only where
+                    # the input is an activation's output (cheaper: asked first)
+                    if len(node.args) >= 2 and activation(fl, fi, node.args[0]) is not None:
+                        held = parameter_loss(fl, fi, node.func.id)
+                        if held is not None:
+                            found.append((fi, node, held[0]))
+                            loss_origins(ctx)[node] = held[1]
+                    continue
                 key = dotted(node.func)
                 if key is not None and key.rsplit(".", 1)[-1] not in instances:
                     name = ctx.qualname(node.func) or ""

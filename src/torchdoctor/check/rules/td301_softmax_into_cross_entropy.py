@@ -10,7 +10,9 @@ from torchdoctor.check.rules._loss_inputs import (
     SOFTMAX,
     activation,
     loss_calls,
+    loss_name,
 )
+from torchdoctor.check.rules._loss_params import may_hold_losses
 
 
 class SoftmaxIntoCrossEntropy(Rule):
@@ -24,7 +26,12 @@ class SoftmaxIntoCrossEntropy(Rule):
     `nn.NLLLoss` calls given plain softmax probabilities instead of
     log-probabilities. A loss class of the project whose `forward` hands its input,
     reshaped at most, to `log_softmax` or `cross_entropy` (a focal loss built on
-    log-softmax and NLL) counts as `cross_entropy`. A `log_softmax` output fed to
+    log-softmax and NLL) counts as `cross_entropy`, and so does a loss a function
+    takes as a parameter (`criterion(model(x), y)`) where every call of it seen passes
+    one (`fit(model, loader, nn.CrossEntropyLoss())`, in this file or another). A model
+    built with constants that fix its settings (`Tagger(n, normalize=True)` storing
+    `self.normalize`) runs only the returns of its `forward` those settings allow; a
+    setting chosen at run time leaves it unknown. A `log_softmax` output fed to
     `cross_entropy` is not reported: log_softmax is idempotent, so the loss and its
     gradients are right.
 
@@ -66,12 +73,14 @@ class SoftmaxIntoCrossEntropy(Rule):
         "cross_entropy",
         "NLLLoss",
         "nll_loss",
+        "loss",  # `loss = criterion(out, y)`: a loss another file passes (_loss_params.py)
     )
 
     def finish(self) -> None:
         src = self.ctx.source
-        if not any(t in src for t in ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss")):
-            return
+        words = ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss")
+        if not any(t in src for t in words) and not may_hold_losses(self.ctx):
+            return  # no such loss here, nor one another file may pass to a function here
         fl = analysis(self.ctx)
         for fi, call, kind in loss_calls(self.ctx, frozenset({CROSS_ENTROPY, NLL})):
             if not call.args:
@@ -80,17 +89,17 @@ class SoftmaxIntoCrossEntropy(Rule):
             if found is None:
                 continue
             act, proof = found
-            loss = self.ctx.segment(call.func)
+            loss = loss_name(self.ctx, call)
             if kind == CROSS_ENTROPY and act == SOFTMAX:
                 message = (
-                    f"`{loss}` gets probabilities from {proof} but applies log_softmax "
+                    f"{loss} gets probabilities from {proof} but applies log_softmax "
                     "itself: the loss can never approach 0 and gradients vanish as the "
                     "model grows confident"
                 )
                 hint = "pass the logits (the values before softmax)"
             elif kind == NLL and act == SOFTMAX:
                 message = (
-                    f"`{loss}` expects log-probabilities but gets probabilities from {proof}: "
+                    f"{loss} expects log-probabilities but gets probabilities from {proof}: "
                     "it minimises -p instead of -log p"
                 )
                 hint = "use `log_softmax` instead of `softmax`, or `cross_entropy` on logits"

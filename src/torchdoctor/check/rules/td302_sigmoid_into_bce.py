@@ -10,7 +10,9 @@ from torchdoctor.check.rules._loss_inputs import (
     activation,
     built_logit_losses,
     loss_calls,
+    loss_name,
 )
+from torchdoctor.check.rules._loss_params import may_hold_losses
 
 
 class SigmoidIntoBce(Rule):
@@ -56,13 +58,24 @@ class SigmoidIntoBce(Rule):
     name = "sigmoid-into-bce"
     category = "loss"
     severity = Severity.WARNING
-    triggers: ClassVar[tuple[str, ...]] = ("igmoid", "BCEWithLogitsLoss", "binary_cross_entropy")
+    # `loss`: `loss = criterion(out, y)`, a loss another file passes (_loss_params.py)
+    triggers: ClassVar[tuple[str, ...]] = (
+        "igmoid",
+        "BCEWithLogitsLoss",
+        "binary_cross_entropy",
+        "loss",
+    )
 
     def finish(self) -> None:
         src = self.ctx.source
         words = ("binary_cross_entropy_with_logits", "BCEWithLogitsLoss")
-        if not any(t in src for t in words) and not built_logit_losses(self.ctx):
-            return  # no loss taking logits here (nor a project class built on one)
+        if (
+            not any(t in src for t in words)
+            and not built_logit_losses(self.ctx)
+            and not may_hold_losses(self.ctx)
+        ):
+            return  # no loss taking logits here (nor a project class built on one, nor
+            # one another file may pass to a function here)
         fl = analysis(self.ctx)
         for fi, call, _ in loss_calls(self.ctx, frozenset({BCE_LOGITS})):
             if not call.args:
@@ -72,7 +85,7 @@ class SigmoidIntoBce(Rule):
                 continue
             self.report(
                 call,
-                f"`{self.ctx.segment(call.func)}` applies sigmoid itself, but its input "
+                f"{loss_name(self.ctx, call)} applies sigmoid itself, but its input "
                 f"already went through {found[1]}: predictions are squeezed into (0.5, 0.73)",
                 hint="pass the logits (the values before sigmoid)",
             )
