@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from torchdoctor.check.analysis.torch_api import MODULE_OWN_METHODS
 from torchdoctor.check.analysis.values import (
     UNKNOWN,
     AnyFunction,
@@ -31,14 +32,6 @@ from torchdoctor.check.analysis.values import (
 
 # What a method fact carries: what the device rules can meet inside the method.
 _SENT = (Kind.MODULE, Kind.LOADER, Kind.DEVICE, Kind.BATCH)
-# nn.Module's own API (a class rarely redefines it; `forward` runs through calls)
-_MODULE_API = frozenset(
-    {
-        "to", "cuda", "cpu", "eval", "train", "forward", "parameters", "named_parameters",
-        "state_dict", "load_state_dict", "zero_grad", "apply", "half", "float", "double",
-        "bfloat16", "requires_grad_", "register_buffer", "modules", "children", "type",
-    }
-)  # fmt: skip
 
 
 def method_fact_name(site: CallSite, imported: set[str], local: set[str]) -> str | None:
@@ -46,7 +39,7 @@ def method_fact_name(site: CallSite, imported: set[str], local: set[str]) -> str
     if site.receiver is None or site.receiver.kind is not Kind.MODULE:
         return None
     owner, _, method = site.callee.partition(".")
-    if not method or "." in method or method in _MODULE_API:
+    if not method or "." in method or method in MODULE_OWN_METHODS:
         return None
     if owner in local or owner not in imported:
         return None
