@@ -92,9 +92,9 @@ class SoftmaxIntoCrossEntropy(Rule):
             loss = loss_name(self.ctx, call)
             if kind == CROSS_ENTROPY and act == SOFTMAX:
                 message = (
-                    f"{loss} gets probabilities from {proof} but applies log_softmax "
-                    "itself: the loss can never approach 0 and gradients vanish as the "
-                    "model grows confident"
+                    f"{loss} gets probabilities from {proof}, and applies log_softmax "
+                    "to them itself: the loss can never approach 0 and gradients vanish "
+                    "as the model grows confident"
                 )
                 hint = "pass the logits (the values before softmax)"
             elif kind == NLL and act == SOFTMAX:
