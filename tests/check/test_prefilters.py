@@ -71,6 +71,12 @@ def test_holds_answers_as_a_plain_substring_test() -> None:
     assert checked > 100  # most answers above were yes: the test sees both kinds
 
 
+def _fixture_texts() -> list[str]:
+    return [
+        p.read_text(encoding="utf-8") for p in (Path(__file__).parent / "fixtures").rglob("*.py")
+    ]
+
+
 # The single pattern `mentions_zeroing` was first written as; split for speed, it must
 # answer the same on every text.
 _ZEROING_AS_ONE = re.compile(
@@ -81,10 +87,7 @@ _ZEROING_AS_ONE = re.compile(
 
 def test_mentions_zeroing_answers_as_the_single_pattern() -> None:
     texts = [
-        path.read_text(encoding="utf-8")
-        for path in (Path(__file__).parent / "fixtures").rglob("*.py")
-    ]
-    texts += [
+        *_fixture_texts(),
         "p.grad = None",
         "p.grad   =None",
         "p.grad.data.zero_()",
@@ -110,10 +113,7 @@ _DECLARATION_AS_ONE = re.compile(r"(?:^|[;:])[ \t]*(?:global|nonlocal)[ \t]", re
 
 def test_declares_answers_as_the_single_pattern() -> None:
     texts = [
-        path.read_text(encoding="utf-8")
-        for path in (Path(__file__).parent / "fixtures").rglob("*.py")
-    ]
-    texts += [
+        *_fixture_texts(),
         "def f():\n    global x\n",
         "global x",
         "if a: global x",

@@ -152,6 +152,18 @@ def _walk(
                 todo.append(value)
 
 
+def statement_expressions(stmt: ast.stmt) -> list[ast.AST]:
+    """The nodes a statement holds itself, not in the statement blocks nested in it (a
+    loop's test and target, not its body; a handler's type is in `handlers`, left out)."""
+    return [
+        v
+        for name, v in ast.iter_fields(stmt)
+        if name not in ("body", "orelse", "finalbody", "handlers", "cases")
+        for v in (v if isinstance(v, list) else [v])
+        if isinstance(v, ast.AST)
+    ]
+
+
 def block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt]:
     """The statement list of `parent` that holds `child` (a body, `else`, `finally`, an
     `except` handler's or a `case`'s body), or [] where `child` is in none of them."""

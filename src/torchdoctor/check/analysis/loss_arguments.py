@@ -26,6 +26,7 @@ from torchdoctor.check.analysis.path_guards import (
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.project import LossCall
+from torchdoctor.check.tree_walk import statement_expressions
 
 CROSS_ENTROPY = "cross_entropy"
 NLL = "nll_loss"
@@ -205,13 +206,7 @@ def _own_nodes(fi: FunctionInfo) -> list[ast.AST]:
     for stmt in fi.own_statements():
         if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             continue
-        todo: list[ast.AST] = [
-            v
-            for field, v in ast.iter_fields(stmt)
-            if field not in ("body", "orelse", "finalbody", "handlers", "cases")
-            for v in (v if isinstance(v, list) else [v])
-            if isinstance(v, ast.AST)
-        ]
+        todo = statement_expressions(stmt)
         while todo:
             node = todo.pop()
             if isinstance(node, ast.Lambda):

@@ -30,7 +30,7 @@ from torchdoctor.check.rules._activation_facts import (
 )
 from torchdoctor.check.rules._activations import activation
 from torchdoctor.check.rules._loss_params import loss_parameters, may_hold_losses, parameter_loss
-from torchdoctor.check.tree_walk import iter_children, spans_a_line, walk
+from torchdoctor.check.tree_walk import iter_children, spans_a_line, statement_expressions, walk
 
 __all__ = [
     "BCE",
@@ -136,13 +136,7 @@ def _shallow_calls(stmt: ast.stmt, lines: list[int]) -> list[ast.Call]:
     spans one of `lines` (a loss call spans the line its callee is named on): the parts
     of a long statement (a table of test cases) that span none are not entered."""
     out: list[ast.Call] = []
-    todo: list[ast.AST] = [
-        v
-        for name, v in ast.iter_fields(stmt)
-        if name not in ("body", "orelse", "finalbody", "handlers", "cases")
-        for v in (v if isinstance(v, list) else [v])
-        if isinstance(v, ast.AST)
-    ]
+    todo = statement_expressions(stmt)
     while todo:
         node = todo.pop()
         if isinstance(node, ast.Lambda):
