@@ -146,10 +146,7 @@ class ScopeObjects(ScopeCalls):
             other = next(
                 (n for _, n, v in passed if v == m.other or _same_source(v, m.other)), receiver
             )
-            deepest = m
-            while deepest.inner is not None:
-                deepest = deepest.inner
-            line = getattr(deepest.site, "lineno", 0)
+            line = getattr(m.innermost().site, "lineno", 0)
             self._mismatches[(id(site), id(receiver))] = Mismatch(
                 site,
                 receiver,

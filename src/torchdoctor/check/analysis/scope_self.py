@@ -202,10 +202,7 @@ class ScopeSelf(ScopeMethods):
                 return  # one of the methods it may run does not meet it
             found.append((target, *hit))
         target, attr, inner = found[0]
-        deepest = inner
-        while deepest.inner is not None:
-            deepest = deepest.inner
-        line = getattr(deepest.site, "lineno", 0)
+        line = getattr(inner.innermost().site, "lineno", 0)
         self._mismatches[(id(node), id(func))] = Mismatch(
             node,
             func,

@@ -234,6 +234,13 @@ class Mismatch:
     # for "call": the caller's `self.x` that carried the CPU tensor in (not an argument)
     attribute: str = ""
 
+    def innermost(self) -> Mismatch:
+        """The meeting itself, through the calls that lead to it."""
+        deepest = self
+        while deepest.inner is not None:
+            deepest = deepest.inner
+        return deepest
+
 
 @dataclass(frozen=True)
 class CallFacts:
