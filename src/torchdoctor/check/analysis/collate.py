@@ -20,7 +20,7 @@ import ast
 import builtins
 
 from torchdoctor.check.analysis.interfaces import FileFacts
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import dotted, is_staticmethod
 from torchdoctor.check.tree_walk import walk
 
 # code that may put a tensor on a device (or hand the batch to something that does)
@@ -103,7 +103,7 @@ def _function(
         cls = ff.classes.get(owner)
         if cls is not None:
             method = ff.methods(cls).get(expr.attr)
-            if method is not None and _is_staticmethod(method):
+            if method is not None and is_staticmethod(method):
                 return method, ff.text(method), ff.ctx.imports
             return None
         return _foreign(ff, owner, expr.attr)
@@ -130,10 +130,6 @@ def _foreign(
         return None
     cls = other.classes.get(name)
     method = other.methods(cls).get(attr) if cls is not None else None
-    if method is None or not _is_staticmethod(method):
+    if method is None or not is_staticmethod(method):
         return None
     return method, other.text(method), other.ctx.imports
-
-
-def _is_staticmethod(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)

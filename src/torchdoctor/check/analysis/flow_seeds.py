@@ -15,7 +15,7 @@ from torchdoctor.check.analysis.syntax import (
     _ASSIGNED_ATTR,
     _is_static,
     _looks_like_tensor_arg,
-    dotted,
+    is_staticmethod,
 )
 from torchdoctor.check.analysis.values import (
     UNKNOWN,
@@ -279,7 +279,7 @@ class FlowSeeds(FileIndex):
             if instance_sites is None:
                 return {}  # `obj.m` on an object not known to be one of this class
             sites.extend((site, 1) for site in instance_sites)
-        elif _is_staticmethod(func) and f"{cls.name}.{func.name}" not in self.ctx.source:
+        elif is_staticmethod(func) and f"{cls.name}.{func.name}" not in self.ctx.source:
             # `self._mask(n, m)` of a staticmethod: every argument is a parameter (calls
             # through the class name may come from elsewhere: then its callers are unseen)
             callee, offset = f"self.{func.name}", 0
@@ -458,10 +458,6 @@ class FlowSeeds(FileIndex):
                 values[key] = value
         # parameters not passed take their defaults: unknown
         return {k: _as_parameter(k, v) for k, v in values.items()}
-
-
-def _is_staticmethod(func: AnyFunction) -> bool:
-    return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)
 
 
 def _registered(attr: str, kind: Kind, *, grad: bool = False, cls: str = "") -> Value:

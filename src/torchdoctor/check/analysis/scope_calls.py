@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.made_results import carried
 from torchdoctor.check.analysis.scope_self import ScopeSelf
-from torchdoctor.check.analysis.syntax import _is_static, dotted
+from torchdoctor.check.analysis.syntax import _is_static, base_name, dotted, is_staticmethod
 from torchdoctor.check.analysis.values import (
     _TENSOR_KINDS,
     UNKNOWN,
@@ -22,7 +22,9 @@ from torchdoctor.check.analysis.values import (
     Place,
     Value,
     informative,
+    one_of,
     proven_module,
+    renamed,
 )
 from torchdoctor.check.analysis.wrapped import shared_result, through_cache
 
@@ -279,11 +281,11 @@ class ScopeCalls(ScopeSelf):
             returned = self._follow_call(
                 node, defined, args, keywords, recv, on_object=True, owner=owner
             )
-            if returned is None or _one_of(returned, [*args, *(v for _, v in keywords)]):
+            if returned is None or one_of(returned, [*args, *(v for _, v in keywords)]):
                 return returned or UNKNOWN
             # made there (`self.net(obs.to(self.device))`): that file's lines and nodes
             return carried(returned, os.path.basename(owner.ctx.path), node)
-        base = _base_name(func)
+        base = base_name(func)
         if (
             qual
             and base is not None
@@ -367,7 +369,7 @@ class ScopeCalls(ScopeSelf):
             return None
         owner, defined = foreign_fn
         returned = self._follow_call(node, defined, args, keywords, owner=owner)
-        if returned is not None and _one_of(returned, passed):
+        if returned is not None and one_of(returned, passed):
             return returned
         if returned is None or not informative(returned):
             returned = owner.made_result(defined)
@@ -432,7 +434,7 @@ class ScopeCalls(ScopeSelf):
                 self._state_meetings(node, target, me.arg, passed, kept, facts, where)
         if on_object and me is not None and isinstance(node.func, ast.Attribute):
             # `self.device` inside the method is `agent.device` here
-            return _renamed(facts.returned, me.arg, self._text(node.func.value))
+            return renamed(facts.returned, me.arg, self._text(node.func.value))
         return facts.returned
 
     def _meetings_inside(
@@ -495,7 +497,7 @@ class ScopeCalls(ScopeSelf):
         ):
             # `Localizer._score(a, b)`: a staticmethod called through its class's name
             method = ff.methods(ff.classes[func.value.id]).get(func.attr)
-            return method if method is not None and _is_staticmethod(method) else None
+            return method if method is not None and is_staticmethod(method) else None
         elif recv is not None and recv.kind is Kind.OBJECT and recv.cls:
             # an object's method may be its base's (`class Edge(Labelled)`)
             cls = ff.classes.get(recv.cls)
@@ -503,38 +505,3 @@ class ScopeCalls(ScopeSelf):
         elif recv is not None and recv.kind is Kind.MODULE and recv.cls:
             cls = ff.classes.get(recv.cls)
         return ff.methods(cls).get(func.attr) if cls is not None else None
-
-
-def _base_name(func: ast.expr) -> str | None:
-    """The name a callee's dotted chain starts with (`utils` of `utils.io.load`)."""
-    while isinstance(func, ast.Attribute):
-        func = func.value
-    return func.id if isinstance(func, ast.Name) else None
-
-
-def _one_of(value: Value, passed: list[Value]) -> bool:
-    """Whether `value` is one of the values `passed` (the same value, or from the same
-    node of the caller's code)."""
-    return value is not UNKNOWN and any(
-        value == p or (value.source is not None and value.source is p.source) for p in passed
-    )
-
-
-def _renamed(value: Value, old: str, new: str) -> Value:
-    """`value` with the expressions `old.x` it names (its device, its origin) written
-    `new.x` (also inside a tuple or list it is)."""
-    changes: dict[str, object] = {}
-    if value.device.startswith(old + "."):
-        changes["device"] = new + value.device[len(old) :]
-    if f"`{old}." in value.name:
-        changes["name"] = value.name.replace(f"`{old}.", f"`{new}.")
-    if value.items:
-        changes["items"] = tuple(_renamed(v, old, new) for v in value.items)
-    if value.element is not None:
-        changes["element"] = _renamed(value.element, old, new)
-    return dataclasses.replace(value, **changes) if changes else value  # type: ignore[arg-type]
-
-
-def _is_staticmethod(func: AnyFunction) -> bool:
-    """Decorated `@staticmethod` (a classmethod takes its class first)."""
-    return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.default_path import on_cpu
 from torchdoctor.check.analysis.made_results import carried
-from torchdoctor.check.analysis.scope_calls import ScopeCalls, _one_of
+from torchdoctor.check.analysis.scope_calls import ScopeCalls
 from torchdoctor.check.analysis.scope_self import _carried
 from torchdoctor.check.analysis.syntax import _is_static
 from torchdoctor.check.analysis.values import (
@@ -36,6 +36,7 @@ from torchdoctor.check.analysis.values import (
     Mismatch,
     Place,
     Value,
+    one_of,
 )
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ class ScopeObjects(ScopeCalls):
         returned = self._follow_call(call, method, [arg], [], recv, on_object=True, owner=owner)
         if returned is None or returned is UNKNOWN:
             return UNKNOWN
-        if owner is not None and not _one_of(returned, [arg]):
+        if owner is not None and not one_of(returned, [arg]):
             return carried(returned, os.path.basename(owner.ctx.path), node)
         return returned
 

@@ -34,6 +34,18 @@ def dotted(node: ast.AST) -> str | None:
     return ".".join(reversed(parts))
 
 
+def base_name(func: ast.expr) -> str | None:
+    """The name a callee's dotted chain starts with (`utils` of `utils.io.load`)."""
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def is_staticmethod(func: AnyFunction) -> bool:
+    """Decorated `@staticmethod` (a classmethod takes its class first)."""
+    return any((dotted(d) or "").endswith("staticmethod") for d in func.decorator_list)
+
+
 def last_part(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 

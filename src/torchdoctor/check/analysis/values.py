@@ -423,3 +423,26 @@ def informative(value: Value, depth: int = 2) -> bool:
         return False
     inside = (*(value.items or ()), *((value.element,) if value.element is not None else ()))
     return any(informative(v, depth - 1) for v in inside)
+
+
+def one_of(value: Value, passed: list[Value]) -> bool:
+    """Whether `value` is one of the values `passed` (the same value, or from the same
+    node of the caller's code)."""
+    return value is not UNKNOWN and any(
+        value == p or (value.source is not None and value.source is p.source) for p in passed
+    )
+
+
+def renamed(value: Value, old: str, new: str) -> Value:
+    """`value` with the expressions `old.x` it names (its device, its origin) written
+    `new.x` (also inside a tuple or list it is)."""
+    changes: dict[str, object] = {}
+    if value.device.startswith(old + "."):
+        changes["device"] = new + value.device[len(old) :]
+    if f"`{old}." in value.name:
+        changes["name"] = value.name.replace(f"`{old}.", f"`{new}.")
+    if value.items:
+        changes["items"] = tuple(renamed(v, old, new) for v in value.items)
+    if value.element is not None:
+        changes["element"] = renamed(value.element, old, new)
+    return dataclasses.replace(value, **changes) if changes else value  # type: ignore[arg-type]
