@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import re
 
-from torchdoctor.check.analysis.class_calls import passed_constant
 from torchdoctor.check.analysis.file_loops import FileLoops, project_file, sibling_file
 from torchdoctor.check.analysis.functions import FunctionInfo
 from torchdoctor.check.analysis.path_guards import Cond, conditions_at, subjects_assigned
@@ -96,9 +95,6 @@ def _param_conds(fi: FunctionInfo, expr: ast.AST) -> list[Cond]:
         return []
     conds = [c for c in conditions_at(fi.node, expr) if c.subject in params]
     return [c for c in conds if not subjects_assigned(fi.node, {c.subject})]
-
-
-_passed_constant = passed_constant
 
 
 def _self_conds(fi: FunctionInfo, expr: ast.AST) -> list[Cond]:

@@ -18,7 +18,12 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from torchdoctor.check.analysis.class_calls import argument_for, method_of, self_call_sites
+from torchdoctor.check.analysis.class_calls import (
+    argument_for,
+    method_of,
+    passed_constant,
+    self_call_sites,
+)
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.file_loops import FileLoops, file_of
 from torchdoctor.check.analysis.functions import FunctionInfo
@@ -42,7 +47,6 @@ from torchdoctor.check.rules._activation_facts import (
     _last_binding,
     _module_activation,
     _param_conds,
-    _passed_constant,
     _self_conds,
     _short,
     _where,
@@ -409,7 +413,7 @@ def _from_callers(
         if not compatible(walk_.conds, _self_conds(caller, call)):
             continue
         if walk_.params_of is fi.node and not all(
-            (const := _passed_constant(fi, call, c.subject)) is None
+            (const := passed_constant(fi, call, c.subject)) is None
             or compatible([Cond(c.subject, const.value, True)], [c])
             for c in walk_.params
         ):

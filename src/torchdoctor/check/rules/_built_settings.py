@@ -15,10 +15,10 @@ from __future__ import annotations
 import ast
 import re
 
+from torchdoctor.check.analysis.class_calls import passed_constant
 from torchdoctor.check.analysis.file_loops import FileLoops
 from torchdoctor.check.analysis.path_guards import TRUTHY, Cond
 from torchdoctor.check.analysis.syntax import dotted
-from torchdoctor.check.rules._activation_facts import _passed_constant
 
 
 def built_settings(caller: FileLoops, owner: FileLoops, cls: str, ctor: ast.Call) -> list[Cond]:
@@ -70,7 +70,7 @@ def built_settings(caller: FileLoops, owner: FileLoops, cls: str, ctor: ast.Call
         written = len(re.findall(rf"\.{attr}\s*=(?!=)", source))
         if counts[key] != 1 or written != (1 if caller is owner else 0):
             continue
-        const = _passed_constant(init, ctor, param)
+        const = passed_constant(init, ctor, param)
         if const is None:
             continue
         conds.append(Cond(key, const.value, True))

@@ -47,9 +47,7 @@ __all__ = [
     "loss_name",
 ]
 
-_LOSS_FUNCTIONS = LOSS_FUNCTIONS
-_LOSS_FUNCTION_NAMES = frozenset(_LOSS_FUNCTIONS)
-_LOSS_MODULES = LOSS_MODULES
+_LOSS_FUNCTION_NAMES = frozenset(LOSS_FUNCTIONS)
 
 
 def loss_calls(ctx: FileContext, kinds: frozenset[str]) -> list[tuple[FunctionInfo, ast.Call, str]]:
@@ -117,7 +115,7 @@ def _loss_calls(ctx: FileContext) -> list[tuple[FunctionInfo, ast.Call, str]]:
                 key = dotted(node.func)
                 if key is not None and key.rsplit(".", 1)[-1] not in instances:
                     name = ctx.qualname(node.func) or ""
-                    if name not in _LOSS_FUNCTIONS:
+                    if name not in LOSS_FUNCTIONS:
                         continue
                 kind = loss_kind(fl, fi, node)
                 if kind is not None:
@@ -152,16 +150,16 @@ def _shallow_calls(stmt: ast.stmt, lines: list[int]) -> list[ast.Call]:
 def loss_kind(fl: FileLoops, fi: FunctionInfo, call: ast.Call) -> str | None:
     ctx = fl.ctx
     name = ctx.qualname(call.func) or ""
-    if name in _LOSS_FUNCTIONS:
-        return _LOSS_FUNCTIONS[name]
+    if name in LOSS_FUNCTIONS:
+        return LOSS_FUNCTIONS[name]
     if isinstance(call.func, ast.Call):  # `nn.BCEWithLogitsLoss()(x, y)`, `FocalLoss()(x, y)`
-        kind = _LOSS_MODULES.get(ctx.qualname(call.func.func) or "")
+        kind = LOSS_MODULES.get(ctx.qualname(call.func.func) or "")
         return kind or user_loss_kind(fl, call.func.func)
     key = dotted(call.func)
     if key is None:
         return None
     kinds = {
-        _LOSS_MODULES.get(ctx.qualname(v.func) or "") or user_loss_kind(fl, v.func)
+        LOSS_MODULES.get(ctx.qualname(v.func) or "") or user_loss_kind(fl, v.func)
         for v in assigned_calls(fl, fi, key)
     }
     if len(kinds) == 1:
