@@ -77,13 +77,15 @@ def run_rule(
 
 
 def fixture_contexts(extra: list[str]) -> Iterator[FileContext]:
-    """A context for `extra` and every fixture file that parses, all in one project: the
-    real code a shortcut of the analysis is compared with the code it replaces on."""
-    sources = [*extra, *(p.read_text(encoding="utf-8") for p in sorted(FIXTURES.rglob("*.py")))]
-    project = build_project(sources)
-    for source in sources:
+    """A context for `extra` (named `x.py`) and every fixture file that parses (at its
+    path), all in one project: the real code a shortcut of the analysis is compared with
+    the code it replaces on."""
+    files = [("x.py", text) for text in extra]
+    files += [(str(p), p.read_text(encoding="utf-8")) for p in sorted(FIXTURES.rglob("*.py"))]
+    project = build_project([source for _, source in files])
+    for path, source in files:
         try:
             tree = ast.parse(source)
         except SyntaxError:
             continue
-        yield FileContext("x.py", source, tree, project)
+        yield FileContext(path, source, tree, project)

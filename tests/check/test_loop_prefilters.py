@@ -7,27 +7,19 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.check.rule_fixtures import fixture_contexts
 from torchdoctor.check.analysis.file_loops import analysis
-from torchdoctor.check.analysis.project_facts import build_project
-from torchdoctor.check.context import FileContext
 
 
 def test_gate_never_rules_out_a_function_with_runs_or_steps() -> None:
-    paths = sorted((Path(__file__).parent / "fixtures").rglob("*.py"))
-    sources = [p.read_text(encoding="utf-8") for p in paths]
-    project = build_project(sources)
     ruled_out = with_runs = 0
-    for path, source in zip(paths, sources, strict=True):
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        fl = analysis(FileContext(str(path), source, tree, project))
+    for ctx in fixture_contexts([]):
+        fl = analysis(ctx)
         for fi in fl.all_functions():
             result = fl.modes(fi)
             if result.forwards or result.steps:
                 with_runs += 1
-                assert fl.may_run_model(fi), (path.name, fi.name)
+                assert fl.may_run_model(fi), (Path(ctx.path).name, fi.name)
             elif not fl.may_run_model(fi):
                 ruled_out += 1
     # the fixtures hold both kinds: the test sees the gate let runs through and skip others
@@ -98,18 +90,10 @@ def test_td215_leaves_out_only_methods_whose_walk_finds_nothing() -> None:
         _State,
     )
 
-    paths = sorted((Path(__file__).parent / "fixtures").rglob("*.py"))
-    sources = [p.read_text(encoding="utf-8") for p in paths]
-    project = build_project(sources)
     skipped = kept = 0
-    for path, source in zip(paths, sources, strict=True):
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        ctx = FileContext(str(path), source, tree, project)
+    for ctx in fixture_contexts([]):
         rule = InplaceOnSavedTensor(ctx)
-        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+        for cls in [n for n in ast.walk(ctx.tree) if isinstance(n, ast.ClassDef)]:
             layers = rule._layers(ctx, cls)
             methods = [m for m in cls.body if isinstance(m, ast.FunctionDef)]
             every = {m.name for m in methods}
@@ -121,12 +105,11 @@ def test_td215_leaves_out_only_methods_whose_walk_finds_nothing() -> None:
                 found: list[tuple[ast.AST, str, str]] = []
                 walker = _Method(rule, ctx, layers, set(every), found)
                 walker.block(method.body, _State(), False)
-                assert not walker.returns_grad and not found, (path.name, method.name)
+                assert not walker.returns_grad and not found, (Path(ctx.path).name, method.name)
     assert skipped > 50 and kept > 50
 
 
 def test_call_fact_gate_rules_out_only_functions_that_send_no_fact() -> None:
-    from tests.check.rule_fixtures import fixture_contexts
     from torchdoctor.check.analysis.file_flow import file_flow
     from torchdoctor.check.analysis.project_facts import _Sender
 
