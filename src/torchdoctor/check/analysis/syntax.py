@@ -330,6 +330,10 @@ def dead_loop_rebinding(scope: ast.AST, call: ast.expr) -> bool:
                 and len(stmt.targets) == 1
                 and isinstance(stmt.targets[0], ast.Name)
                 and stmt.targets[0].id == node.target.id
+                and isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id == node.target.id  # `v = v.to(...)`, v's own move
             ):
                 loop, assign = node, stmt
     if loop is None or assign is None or not isinstance(loop.target, ast.Name):

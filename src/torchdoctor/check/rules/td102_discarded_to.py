@@ -11,10 +11,11 @@ from torchdoctor.check.analysis.values import Kind, Move, Place
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.tree_walk import walk
 
-# A statement that starts with a move: `x.to(device)`, `batch[0].cuda()`.
+# A statement that starts with a move: `x.to(device)`, `batch[0].cuda()`; or a name
+# rebound to its own move, `v = v.to(...)`: a loop variable rebound (dead_loop_rebinding).
 _STATEMENT_MOVE = re.compile(
-    r"[ \t]*(?:\w+ = \w+\.(?:to|cuda|cpu)\(|[\w.]+(?:\[[^\]\n]*\])*\.(?:to|cuda|cpu)\()"
-)  # also `v = v.to(...)`: a loop variable rebound (dead_loop_rebinding)
+    r"[ \t]*(?:(\w+)[ \t]*=[ \t]*\1\.(?:to|cuda|cpu)\(|[\w.]+(?:\[[^\]\n]*\])*\.(?:to|cuda|cpu)\()"
+)
 _MOVES = (".to(", ".cuda(", ".cpu(")  # on every line _STATEMENT_MOVE matches
 # Tests that expect the move to fail drop its result on purpose.
 _EXPECTS_ERROR = ("assertRaises", "raises", "assertWarns", "warns")
