@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Sequence
+from itertools import pairwise
 
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.tree_walk import child_statements, iter_children, walk
@@ -94,13 +95,87 @@ def gates_on_gpu(ctx: FileContext, decorators: Sequence[ast.expr]) -> bool:
     return any(_GATE.search(ctx.segment(d)) for d in decorators)
 
 
-def runs_only_with_gpu(ctx: FileContext) -> bool:
+def runs_only_with_gpu(ctx: FileContext, node: ast.AST | None = None) -> bool:
     """Whether the node being visited sits in a function or class (at any depth of
-    `ctx.stack`) gated on a GPU by its decorators."""
-    return any(
-        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-        and gates_on_gpu(ctx, node.decorator_list)
-        for node in ctx.stack
+    `ctx.stack`) gated on a GPU by its decorators; or, given the `node` visited, in a
+    branch that runs only where `torch.cuda.is_available()` held (its `if`, the `else`
+    of `if not ...`, the code after `if not ...: return`, an `assert` of it)."""
+    if any(
+        isinstance(holder, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and gates_on_gpu(ctx, holder.decorator_list)
+        for holder in ctx.stack
+    ):
+        return True
+    if node is None or "is_available" not in ctx.source:
+        return False
+    chain = [*ctx.stack, node]
+    return any(_enters_with_cuda(ctx, parent, child) for parent, child in pairwise(chain))
+
+
+def _enters_with_cuda(ctx: FileContext, parent: ast.AST, child: ast.AST) -> bool:
+    """Whether `child`, a part of `parent`, runs only where CUDA was found available."""
+    if isinstance(parent, ast.If | ast.IfExp):
+        body = parent.body if isinstance(parent.body, list) else [parent.body]
+        orelse = parent.orelse if isinstance(parent.orelse, list) else [parent.orelse]
+        if any(part is child for part in body):
+            return _needs_cuda(ctx, parent.test, True)
+        if any(part is child for part in orelse):
+            return _needs_cuda(ctx, parent.test, False)
+    for block in _blocks_of(parent):
+        if not any(stmt is child for stmt in block):
+            continue
+        for stmt in block:
+            if stmt is child:
+                break
+            if isinstance(stmt, ast.Assert) and _needs_cuda(ctx, stmt.test, True):
+                return True
+            if (
+                isinstance(stmt, ast.If)
+                and not stmt.orelse
+                and _leaves(stmt.body)
+                and _needs_cuda(ctx, stmt.test, False)
+            ):
+                return True  # `if not torch.cuda.is_available(): return`
+    return False
+
+
+def _blocks_of(node: ast.AST) -> list[list[ast.stmt]]:
+    blocks = [getattr(node, name, None) for name in ("body", "orelse", "finalbody")]
+    return [b for b in blocks if isinstance(b, list)]
+
+
+def _leaves(body: list[ast.stmt]) -> bool:
+    """The block ends by leaving the code after it: return, raise, `sys.exit(...)`."""
+    last = body[-1] if body else None
+    if isinstance(last, ast.Return | ast.Raise | ast.Continue | ast.Break):
+        return True
+    return (
+        isinstance(last, ast.Expr)
+        and isinstance(last.value, ast.Call)
+        and _last_name(last.value.func) in ("exit", "skipTest", "skip")
+    )
+
+
+def _last_name(node: ast.expr) -> str:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _needs_cuda(ctx: FileContext, test: ast.expr, holds: bool) -> bool:
+    """Whether `test` evaluating to `holds` means `torch.cuda.is_available()` is true."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _needs_cuda(ctx, test.operand, not holds)
+    if isinstance(test, ast.BoolOp):
+        # `a and b` true: both hold; `a or b` false: neither holds
+        if isinstance(test.op, ast.And) == holds:
+            return any(_needs_cuda(ctx, value, holds) for value in test.values)
+        return False
+    return (
+        holds
+        and isinstance(test, ast.Call)
+        and not test.args
+        and ctx.qualname(test.func) == "torch.cuda.is_available"
     )
 
 

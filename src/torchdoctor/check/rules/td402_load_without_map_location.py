@@ -56,7 +56,9 @@ class LoadWithoutMapLocation(Rule):
     goes to `torch.from_numpy`) and a `GradScaler`'s state (floats and ints). And
     loads in tests that never run without a GPU: under `@require_torch_gpu`,
     `@require_torch_accelerator`, `@unittest.skipIf(not torch.cuda.is_available(),
-    ...)` and the like, on the test or its class.
+    ...)` and the like, on the test or its class; and loads that run only where
+    `torch.cuda.is_available()` held (in its `if`, the `else` of `if not ...`, after
+    `if not torch.cuda.is_available(): return` or an `assert` of it).
 
     ## Why is this bad?
     `torch.save` records the device of every tensor. Without `map_location`,
@@ -125,7 +127,7 @@ class LoadWithoutMapLocation(Rule):
             or self._saved_from_cpu(source)
             or self._test_reads_its_temp_files()
             or self._notebook_wrote_it(node, source)
-            or runs_only_with_gpu(self.ctx)
+            or runs_only_with_gpu(self.ctx, node)
         ):
             return
         last = max(
