@@ -235,6 +235,30 @@ def test_python_cell_magics_blank_only_their_magic_line(td: CLI, project: Path) 
     assert cells[2:] == data["cells"][2:]
 
 
+def test_a_shell_line_continued_by_a_backslash_is_blanked_whole(td: CLI, project: Path) -> None:
+    # IPython joins `!cmd \` and the lines it continues into one shell command
+    data = notebook()
+    data["cells"] = [
+        code_cell(
+            [
+                "! wget https://example.org/key.pub && \\\n",
+                "    apt-key add key.pub\n",
+                "import torch\n",
+                'state = torch.load("a.pt")\n',
+            ],
+            count=1,
+        ),
+    ]
+    nb = read_notebook(json.dumps(data))
+    assert nb.cells[0].lines == ["pass", "", "import torch", 'state = torch.load("a.pt")', ""]
+    path = write(project / "shell.ipynb", json.dumps(data, indent=1) + "\n")
+    run = td("check", "--select", "TD402", "--no-cache", "--format", "json", path.name)
+    assert [(i["cell"], i["line"]) for i in json.loads(run.out)] == [(1, 4)]
+    assert td("check", "--select", "TD402", "--no-cache", "--fix", path.name).code == 0
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    assert cells[0]["source"][:2] == data["cells"][0]["source"][:2]
+
+
 def test_malformed_cells_are_warned_about_by_number(td: CLI, project: Path) -> None:
     data = notebook()
     data["cells"] = [

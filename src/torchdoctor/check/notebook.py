@@ -149,10 +149,13 @@ def _blank_ipython(cell: Cell) -> None:
         return  # valid Python already: a line such as `% b` continues an expression
     except (SyntaxError, ValueError):
         pass
+    continued = False  # the line before was a magic's, ending in `\\`: this one goes on
     for i, line in enumerate(lines[first:], start=first):
-        if _MAGIC.match(line):
+        if continued or _MAGIC.match(line):
             cell.magic_lines[i] = line
-            lines[i] = _INDENT.match(line).group() + "pass"  # type: ignore[union-attr]
+            # (IPython joins a magic's backslash-continued lines into one command)
+            lines[i] = "" if continued else _INDENT.match(line).group() + "pass"  # type: ignore[union-attr]
+            continued = line.rstrip().endswith("\\")
 
 
 def cell_codes(notebook: Notebook, virtual: str) -> list[str]:
