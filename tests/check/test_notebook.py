@@ -175,6 +175,46 @@ def test_syntax_error_in_a_cell_points_at_the_cell(td: CLI, project: Path) -> No
     assert "nb.ipynb:cell 5:1:7: TD001 SyntaxError" in run.out
 
 
+def test_a_cell_that_is_not_python_is_left_out_and_the_others_checked(
+    td: CLI, project: Path
+) -> None:
+    # Jupyter compiles each cell apart: a citation cell or an exercise's `lr = ` fails
+    # alone, and the notebook's other cells still run (and are checked)
+    data = notebook()
+    data["cells"] = [
+        code_cell(["import torch\n", 'state = torch.load("a.pt")\n'], count=1),
+        code_cell(["@manual{Intro1,\n", " title={Molecular Fingerprints},\n", "}\n"], count=2),
+        code_cell(["lr = \n"], count=3),
+        code_cell(['w = torch.load("b.pt")\n'], count=4),
+    ]
+    nb = read_notebook(json.dumps(data))
+    # what such a cell may bind is unknown after it (not unbound)
+    assert [c.lines for c in nb.cells][1:3] == [
+        ["title = object()", "", "", ""],
+        ["lr = object()", ""],
+    ]
+    assert nb.broken == [
+        (6, 9, "invalid syntax. Perhaps you forgot a comma?"),
+        (10, 6, "invalid syntax"),
+    ]
+    path = write(project / "cells.ipynb", json.dumps(data, indent=1) + "\n")
+    run = td("check", "--select", "TD402", "--no-cache", "--format", "concise", path.name)
+    assert run.out.splitlines()[:4] == [
+        "cells.ipynb:cell 1:2:9: TD402 `torch.load` without `map_location` restores tensors "
+        "onto the device they were saved from; it fails on a machine without that GPU",
+        "cells.ipynb:cell 2:2:9: TD001 SyntaxError: invalid syntax. Perhaps you forgot a comma?; "
+        "the cell was not checked",
+        "cells.ipynb:cell 3:1:6: TD001 SyntaxError: invalid syntax; the cell was not checked",
+        "cells.ipynb:cell 4:1:5: TD402 `torch.load` without `map_location` restores tensors "
+        "onto the device they were saved from; it fails on a machine without that GPU",
+    ]
+    # fixes go into the cells checked; the others come back as they were
+    assert td("check", "--select", "TD402", "--no-cache", "--fix", path.name).code == 1
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    assert cells[1:3] == data["cells"][1:3]
+    assert cells[3]["source"] == ['w = torch.load("b.pt", map_location="cpu")\n']
+
+
 def test_write_notebook_keeps_string_sources_and_minified_layout() -> None:
     data = {
         "cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "source": "a = 1\nb = 2"}],
@@ -303,6 +343,13 @@ def test_td402_quiet_on_files_an_earlier_cell_wrote(td: CLI, project: Path) -> N
         ['again = torch.load("weights/last.pt")\n'],  # good: torch.save above
         ['other = torch.load("weights/pretrained.pt")\n'],  # bad: not written here
         ['early = torch.load("later/model.pt")\n', 'torch.save(net, "later/model.pt")\n'],  # bad
+        [
+            "def train(model, epochs, save_path):\n",
+            "    torch.save(model.state_dict(), save_path)\n",
+        ],
+        ['train(net, 3, "best.pt")\n', 'net.load_state_dict(torch.load("best.pt"))\n'],  # good
+        ['train(net, 3, save_path="kw.pt")\n', 'kw = torch.load("kw.pt")\n'],  # good
+        ['fetch(net, 3, "hub.pt")\n', 'hub = torch.load("hub.pt")\n'],  # bad: saves nothing
     ]
     data = notebook()
     data["cells"] = [code_cell(c, count=n + 1) for n, c in enumerate(cells)]
@@ -310,4 +357,4 @@ def test_td402_quiet_on_files_an_earlier_cell_wrote(td: CLI, project: Path) -> N
     items = json.loads(
         td("check", "--select", "TD402", "--no-cache", "--format", "json", "train.ipynb").out
     )
-    assert [(i["cell"], i["line"]) for i in items] == [(9, 1), (10, 1)]
+    assert [(i["cell"], i["line"]) for i in items] == [(9, 1), (10, 1), (14, 2)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import difflib
 import json
+import keyword
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,8 @@ class Notebook:
     ensure_ascii: bool
     final_newline: bool
     warnings: list[str] = field(default_factory=list)  # malformed cells, by cell number
+    # cells that are not Python, left out: (virtual line, column, the SyntaxError's message)
+    broken: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 def read_notebook(text: str) -> Notebook:
@@ -90,6 +93,7 @@ def read_notebook(text: str) -> Notebook:
         virtual.append(CELL_BREAK)
         cell_lines.append((index + 1, len(cell.lines) + 1))
 
+    broken = _leave_out_broken_cells(cells, virtual)
     match = re.match(r"\{\s*?\n([ \t]*)\S", text)
     return Notebook(
         data=data,
@@ -100,7 +104,72 @@ def read_notebook(text: str) -> Notebook:
         ensure_ascii=text.isascii() and "\\u" in text,
         final_newline=text.endswith("\n"),
         warnings=warnings,
+        broken=broken,
     )
+
+
+def _leave_out_broken_cells(cells: list[Cell], virtual: list[str]) -> list[tuple[int, int, str]]:
+    """Blank, in `virtual` too, the cells that do not parse on their own, when the module
+    does not parse: Jupyter compiles each cell apart, so one cell that is not Python (a
+    BibTeX citation, an exercise's `lr = `) fails alone and the others still run.
+    Returns where each one fails (virtual line, column, message)."""
+    try:
+        ast.parse("\n".join(virtual))
+        return []
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        pass
+    broken: list[tuple[int, int, str]] = []
+    imported = frozenset(_IMPORTED.findall("\n".join(virtual)))
+    start = 0  # virtual lines before the cell
+    for cell in cells:
+        try:
+            ast.parse("\n".join(cell.lines))
+        except SyntaxError as exc:
+            broken.append((start + (exc.lineno or 1), exc.offset or 1, exc.msg))
+            cell.magic_lines.update(
+                (i, line) for i, line in enumerate(cell.lines) if i not in cell.magic_lines
+            )
+            # what the cell may bind or change is unknown after it, not unbound: when it
+            # runs, `net = Net(...)` there binds `net` (an empty line would leave `net`
+            # unbound, and the paths that skip a later `if gpu: net.cuda()` would seem to
+            # raise NameError)
+            names = _names_touched(cell.code, imported)
+            stub = " = ".join([*names, "object()"]) if names else ""
+            cell.lines = [stub] + [""] * (len(cell.lines) - 1)
+            virtual[start : start + len(cell.lines)] = cell.lines
+        except (ValueError, MemoryError, RecursionError):
+            pass  # the whole module's parse tells
+        start += len(cell.lines) + 1  # and the cell break
+    return broken
+
+
+# `import torch.nn as nn`, `from x import a, b`: names the notebook binds to imports.
+_IMPORTED = re.compile(r"^[ \t]*(?:import[ \t]+[\w.]+[ \t]+as[ \t]+(\w+)|import[ \t]+(\w+))", re.M)
+# Where a line of code binds names: `a, b = `, `x += `, `for i in`, `def f`, `as h`.
+_BINDING = re.compile(
+    r"^([^=#\n]*?)(?:[-+*/%@&|^]|//|\*\*|>>|<<)?=(?!=)|\bfor\b([^\n]*?)\bin\b"
+    r"|\b(?:def|class|as|import)[ \t]+(\w+)|\bimport\b([^\n#]*)",
+    re.M,
+)
+_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+_COMMENT = re.compile(r"#[^\n]*")
+# a name whose attribute the code uses: `net.cuda()`, `net.fc = ...` may change `net`
+_ATTRIBUTE_ROOT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)[ \t]*\.")
+
+
+def _names_touched(code: str, imported: frozenset[str]) -> list[str]:
+    """The names a cell that does not parse may bind or change when it runs: those it
+    assigns, loops over, defines or imports, and the objects whose attributes it uses
+    (except the modules the notebook imports). An over-approximation: each becomes
+    unknown after the cell, which only ever makes a rule quieter."""
+    found: set[str] = set()
+    code = _COMMENT.sub("", code)  # (prose: "the reviews_ints list." names nothing)
+    for match in _BINDING.finditer(code):
+        for part in match.groups():
+            if part:
+                found.update(_NAME.findall(part))
+    found.update(n for n in _ATTRIBUTE_ROOT.findall(code) if n not in imported)
+    return sorted(n for n in found if not keyword.iskeyword(n) and not keyword.issoftkeyword(n))
 
 
 def _malformed(raw: object) -> str | None:

@@ -176,6 +176,17 @@ def _result(source: Source, outcome: Outcome) -> FileResult:
             )
             for f in result.findings
         ]
+        if source.notebook.broken:
+            result.findings = sorted(
+                result.findings
+                + [
+                    syntax_error_finding(
+                        f"SyntaxError: {text}; the cell was not checked", line, col
+                    )
+                    for line, col, text in source.notebook.broken
+                ],
+                key=lambda f: (f.line, f.column, f.code),
+            )
     return result
 
 

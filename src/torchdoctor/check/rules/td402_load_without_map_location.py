@@ -267,7 +267,42 @@ class LoadWithoutMapLocation(Rule):
             return (call.args[0] if call.args else keywords.get("filepath")), False
         if self.ctx.call_name(call) == "torch.save":
             return (call.args[1] if len(call.args) >= 2 else keywords.get("f")), False
+        if isinstance(func, ast.Name):
+            return self._passed_save_path(call, func.id), False
         return None, False
+
+    def _passed_save_path(self, call: ast.Call, name: str) -> ast.expr | None:
+        """The argument `call` gives the parameter a function of this file `torch.save`s
+        to (`train(..., "model.pt")` of `def train(..., save_path)`), or None."""
+        function = next(
+            (
+                s
+                for s in self.ctx.tree.body
+                if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef) and s.name == name
+            ),
+            None,
+        )
+        if function is None:
+            return None
+        params = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+        for sub in walk(function):
+            if (
+                isinstance(sub, ast.Call)
+                and len(sub.args) >= 2
+                and isinstance(sub.args[1], ast.Name)
+                and sub.args[1].id in params
+                and self.ctx.call_name(sub) == "torch.save"
+            ):
+                param = sub.args[1].id
+                for kw in call.keywords:
+                    if kw.arg == param:
+                        return kw.value
+                at = params.index(param)
+                if at < len(call.args) and not any(
+                    isinstance(a, ast.Starred) for a in call.args[: at + 1]
+                ):
+                    return call.args[at]
+        return None
 
     def _path_parts(self, path: ast.expr, before: int) -> tuple[set[str], set[str]]:
         """The variables and strings a path is built from (`log_path + "/model.pt"`),
