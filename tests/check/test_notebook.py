@@ -175,6 +175,21 @@ def test_syntax_error_in_a_cell_points_at_the_cell(td: CLI, project: Path) -> No
     assert "nb.ipynb:cell 5:1:7: TD001 SyntaxError" in run.out
 
 
+def test_automagic_shell_lines_are_blanked() -> None:
+    # IPython runs `ls -l`, `cd dir`, `pip install x` without their `%` (automagic)
+    data = notebook()
+    data["cells"] = [
+        code_cell(["cd ../code\n", "ls -al /tmp/data/\n", "import torch\n", "rm -r {out}\n"]),
+        code_cell(["ls = [1]\n", "cat = ls + [2]\n", "pwd\n"]),  # Python: kept
+    ]
+    nb = read_notebook(json.dumps(data))
+    assert [c.lines for c in nb.cells] == [
+        ["pass", "pass", "import torch", "pass", ""],
+        ["ls = [1]", "cat = ls + [2]", "pwd", ""],
+    ]
+    assert nb.broken == []
+
+
 def test_a_cell_that_is_not_python_is_left_out_and_the_others_checked(
     td: CLI, project: Path
 ) -> None:

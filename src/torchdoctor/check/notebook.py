@@ -25,8 +25,12 @@ from torchdoctor.errors import TorchDoctorError
 # Ends every cell in the virtual module (a comment: it changes nothing for Python).
 CELL_BREAK = "# %% torchdoctor cell break"
 # IPython-only lines: `%time x`, `!pip install`, `?obj`, `obj?`, `files = !ls`, `x = %env`.
+# Also IPython's automagic: a shell alias or line magic written without its `%`
+# (`ls -l data/`, `cd code`, `pip install x`), when the word is not used as Python.
 _MAGIC = re.compile(
-    r"^\s*(?:[%!?]|[\w.]+\?{1,2}\s*$|[\w.,\s]+=\s*[%!]\w)",
+    r"^\s*(?:[%!?]|[\w.]+\?{1,2}\s*$|[\w.,\s]+=\s*[%!]\w"
+    r"|(?:ls|ll|cd|cat|cp|mv|rm|mkdir|rmdir|pwd|pip|conda|mamba|env|clear|less|more|man)"
+    r"(?:[ \t]+[^=\s(\[,:)][^\n]*)?$)",
 )
 _INDENT = re.compile(r"^[ \t]*")
 # Cell magics whose body IPython runs as Python: only their `%%` line is not Python.
