@@ -230,6 +230,36 @@ def test_a_cell_that_is_not_python_is_left_out_and_the_others_checked(
     assert cells[3]["source"] == ['w = torch.load("b.pt", map_location="cpu")\n']
 
 
+def test_a_left_out_cell_keeps_its_imports() -> None:
+    # the modules a cell that does not parse imports stay modules; what else it binds or
+    # uses the attributes of becomes unknown, but not a module imported before it
+    data = notebook()
+    data["cells"] = [
+        code_cell(["import numpy as np\n"], count=1),
+        code_cell(
+            [
+                "import torch\n",
+                "from torch import nn as layers\n",
+                "# TODO: build the model\n",
+                "model = \n",
+                "np.random.seed(0)\n",
+                "net.cuda()\n",
+            ],
+            count=2,
+        ),
+    ]
+    nb = read_notebook(json.dumps(data))
+    assert nb.cells[1].lines == [
+        "import torch",
+        "from torch import nn as layers",
+        "model = net = object()",
+        "",
+        "",
+        "",
+        "",
+    ]
+
+
 def test_write_notebook_keeps_string_sources_and_minified_layout() -> None:
     data = {
         "cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "source": "a = 1\nb = 2"}],

@@ -123,7 +123,7 @@ def _leave_out_broken_cells(cells: list[Cell], virtual: list[str]) -> list[tuple
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         pass
     broken: list[tuple[int, int, str]] = []
-    imported = frozenset(_IMPORTED.findall("\n".join(virtual)))
+    imported = _import_names("\n".join(virtual))
     start = 0  # virtual lines before the cell
     for cell in cells:
         try:
@@ -137,9 +137,7 @@ def _leave_out_broken_cells(cells: list[Cell], virtual: list[str]) -> list[tuple
             # runs, `net = Net(...)` there binds `net` (an empty line would leave `net`
             # unbound, and the paths that skip a later `if gpu: net.cuda()` would seem to
             # raise NameError)
-            names = _names_touched(cell.code, imported)
-            stub = " = ".join([*names, "object()"]) if names else ""
-            cell.lines = [stub] + [""] * (len(cell.lines) - 1)
+            cell.lines = _stand_in(cell, imported)
             virtual[start : start + len(cell.lines)] = cell.lines
         except (ValueError, MemoryError, RecursionError):
             pass  # the whole module's parse tells
@@ -147,8 +145,10 @@ def _leave_out_broken_cells(cells: list[Cell], virtual: list[str]) -> list[tuple
     return broken
 
 
-# `import torch.nn as nn`, `from x import a, b`: names the notebook binds to imports.
-_IMPORTED = re.compile(r"^[ \t]*(?:import[ \t]+[\w.]+[ \t]+as[ \t]+(\w+)|import[ \t]+(\w+))", re.M)
+# An `import x` / `from x import y` line; at the top level, kept from a cell that does
+# not parse (the modules it binds).
+_IMPORT_LINE = re.compile(r"^(?:import|from)[ \t][^\n]*$", re.M)
+_ANY_IMPORT_LINE = re.compile(r"^[ \t]*(?:import|from)[ \t][^\n]*$", re.M)
 # Where a line of code binds names: `a, b = `, `x += `, `for i in`, `def f`, `as h`.
 _BINDING = re.compile(
     r"^([^=#\n]*?)(?:[-+*/%@&|^]|//|\*\*|>>|<<)?=(?!=)|\bfor\b([^\n]*?)\bin\b"
@@ -159,6 +159,42 @@ _NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 _COMMENT = re.compile(r"#[^\n]*")
 # a name whose attribute the code uses: `net.cuda()`, `net.fc = ...` may change `net`
 _ATTRIBUTE_ROOT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)[ \t]*\.")
+
+
+def _stand_in(cell: Cell, imported: frozenset[str]) -> list[str]:
+    """The lines that stand in for a cell that does not parse: its own top-level import
+    lines (each parses alone: the modules it binds), and on its first other line one
+    statement binding what else it may bind or change to an unknown value."""
+    lines = [line if _IMPORT_LINE.match(line) and _parses(line) else "" for line in cell.lines]
+    own = _import_names("\n".join(line for line in lines if line))
+    names = [n for n in _names_touched(_IMPORT_LINE.sub("", cell.code), imported) if n not in own]
+    free = next((i for i, line in enumerate(lines) if not line), None)
+    if names and free is not None:
+        lines[free] = " = ".join([*names, "object()"])
+    return lines
+
+
+def _import_names(text: str) -> frozenset[str]:
+    """The names the import lines of `text` bind (`import torch.nn as nn`: nn; `from x
+    import a, b`: a, b; `import os.path`: os), each line read alone."""
+    names: set[str] = set()
+    for match in _ANY_IMPORT_LINE.finditer(text):
+        try:
+            tree = ast.parse(match.group().strip())
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return frozenset(names)
+
+
+def _parses(line: str) -> bool:
+    try:
+        ast.parse(line)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def _names_touched(code: str, imported: frozenset[str]) -> list[str]:
