@@ -250,6 +250,10 @@ class FileIndex:
         another (`forward` -> `_masks` -> `_one_mask`), `start` first."""
         return list(self._reached(cls, start))
 
+    def reaches(self, cls: ast.ClassDef, start: AnyFunction, method: AnyFunction) -> bool:
+        """`method in reached_methods(cls, start)`, without the copy."""
+        return method in self._reached(cls, start)
+
     def call_chain(
         self, cls: ast.ClassDef, start: AnyFunction, target: AnyFunction
     ) -> list[AnyFunction]:
