@@ -48,9 +48,6 @@ class FileIndex:
         self.classes: dict[str, ast.ClassDef] = {}  # top-level classes by name
         self.toplevel_functions: dict[str, AnyFunction] = {}
         self._methods: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
-        # a statement holds a function or class only if a line of it holds the keyword:
-        # the others are not entered
-        self._def_lines = ctx.lines_holding(("def", "class"))
         self._index(ctx.tree.body, None, top=True)
         # `_load_cached = cachetools.cached(cache)(_load)`: a call of the name runs `_load`;
         # through a cache, the object returned may be one an earlier caller changed
@@ -104,23 +101,15 @@ class FileIndex:
                     self._methods.setdefault(cls, {})[stmt.name] = stmt
                 elif top:
                     self.toplevel_functions[stmt.name] = stmt
-                if self._holds_def(stmt):
-                    self._index(stmt.body, None, top=False)
+                self._index(stmt.body, None, top=False)
             elif kind is ast.ClassDef:
                 assert isinstance(stmt, ast.ClassDef)
                 if top:
                     self.classes[stmt.name] = stmt
                 self._methods.setdefault(stmt, {})
                 self._index(stmt.body, stmt, top=False)
-            elif kind in _COMPOUND_STATEMENTS and self._holds_def(stmt):
+            elif kind in _COMPOUND_STATEMENTS:
                 self._index(child_statements(stmt), cls, top=top and cls is None)
-
-    def _holds_def(self, stmt: ast.stmt) -> bool:
-        """Whether a line after the first of `stmt` holds `def` or `class` (a nested
-        function or class has its keyword on one; the first line holds its own)."""
-        lines = self._def_lines
-        at = bisect.bisect_right(lines, stmt.lineno)
-        return at < len(lines) and lines[at] <= (stmt.end_lineno or stmt.lineno)
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
