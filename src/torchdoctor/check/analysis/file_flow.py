@@ -66,6 +66,7 @@ class FileFlow(FlowSeeds):
         self._buffers: dict[ast.ClassDef, frozenset[str]] = {}
         self._aliases: dict[ast.ClassDef, dict[str, tuple[AnyFunction, ...]]] = {}
         self._alias_names: dict[ast.ClassDef, frozenset[str]] = {}
+        self._later_assigned: dict[ast.ClassDef, frozenset[str]] = {}
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""
@@ -78,6 +79,7 @@ class FileFlow(FlowSeeds):
         self._buffers.clear()
         self._aliases.clear()
         self._alias_names.clear()
+        self._later_assigned.clear()
         super().release()
 
     # -- scopes ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import bisect
 import itertools
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,6 @@ from torchdoctor.check.analysis.name_uses import NameUses
 from torchdoctor.check.analysis.syntax import (
     _COMPOUND_STATEMENTS,
     _DEF_OR_IMPORT,
-    _SELF_ATTRIBUTE_USE,
     _is_static,
     _target_names,
     module_receivers,
@@ -249,6 +249,10 @@ class FileIndex:
         """The methods of `cls` that `start` runs through `self.m(...)` calls, one inside
         another (`forward` -> `_masks` -> `_one_mask`), `start` first."""
         return list(self._reached(cls, start))
+
+    def reaches(self, cls: ast.ClassDef, start: AnyFunction, method: AnyFunction) -> bool:
+        """`method in reached_methods(cls, start)`, without the copy."""
+        return method in self._reached(cls, start)
 
     def call_chain(
         self, cls: ast.ClassDef, start: AnyFunction, target: AnyFunction
@@ -496,9 +500,7 @@ class FileIndex:
             for method in self.inherited_methods(cls).values():
                 params = [*method.args.posonlyargs, *method.args.args]
                 me = params[0].arg if params else "self"
-                for match in _SELF_ATTRIBUTE_USE.finditer(self.text(method)):
-                    if match.group(1) != me:
-                        continue
+                for match in _self_uses(me).finditer(self.text(method)):
                     uses, calls, callers = found.get(match.group(2), (0, 0, []))
                     if match.group(3):
                         calls += 1
@@ -507,3 +509,16 @@ class FileIndex:
                     found[match.group(2)] = (uses + 1, calls, callers)
             self._class_uses[cls] = found
         return found
+
+
+_SELF_USES: dict[str, re.Pattern[str]] = {}
+
+
+def _self_uses(me: str) -> re.Pattern[str]:
+    """`me.attr` and `me.attr(` in a method's text: syntax._SELF_ATTRIBUTE_USE's matches
+    whose receiver is `me` (the same matches: another receiver's match never covers
+    where one of `me` may start), found by searching for `me.` itself."""
+    found = _SELF_USES.get(me)
+    if found is None:
+        found = _SELF_USES[me] = re.compile(rf"(?<![\w.])({re.escape(me)})\.(\w+)\b(\s*\()?")
+    return found

@@ -36,6 +36,7 @@ class FlowSeeds(FileIndex):
     """Seeds of parameters from call sites; FileFlow supplies the scopes."""
 
     _cut_off: int  # seedings the depth limit cut short (FileFlow.scope keeps those apart)
+    _later_assigned: dict[ast.ClassDef, frozenset[str]]  # _assigned_after_init
 
     def scope(self, node: ScopeNode, *, callers: bool = True, depth: int = 0) -> ScopeFlow:
         raise NotImplementedError  # FileFlow.scope
@@ -131,10 +132,7 @@ class FlowSeeds(FileIndex):
         if init is None or init is func or func.name in helpers:
             return {}
         init_scope = self.scope(init)
-        others: set[str] = set()
-        for name, method in self.methods(cls).items():
-            if name != "__init__" and name not in helpers:
-                others |= self.self_attrs_assigned(method)
+        others = self._assigned_after_init(cls, helpers)
         seeds: Env = {}
         for key, value in init_scope.exit_env.items():
             if not key.startswith(init_scope.self_name + "."):
@@ -154,6 +152,17 @@ class FlowSeeds(FileIndex):
             for attr in self.buffers(cls) - others:
                 seeds[f"{self_name}.{attr}"] = _registered(attr, Kind.TENSOR)
         return seeds
+
+    def _assigned_after_init(self, cls: ast.ClassDef, helpers: frozenset[str]) -> frozenset[str]:
+        """The attributes a method construction does not run assigns (once per class)."""
+        found = self._later_assigned.get(cls)
+        if found is None:
+            others: set[str] = set()
+            for name, method in self.methods(cls).items():
+                if name != "__init__" and name not in helpers:
+                    others |= self.self_attrs_assigned(method)
+            found = self._later_assigned[cls] = frozenset(others)
+        return found
 
     def _first_call_holds(
         self, cls: ast.ClassDef, func: AnyFunction, attr: str, value: Value

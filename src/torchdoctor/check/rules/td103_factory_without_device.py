@@ -23,6 +23,7 @@ _ALL_FACTORIES = FACTORIES | LEGACY_CONSTRUCTORS
 _NO_DEVICE_ATTRIBUTE = frozenset({Kind.MODULE, Kind.DISTRIBUTION})
 # `torch.zeros(`, `th.FloatTensor(`: how a factory call reads, whatever torch is imported as
 _FACTORY_CALLS = tuple(f".{name}(" for name in sorted(_ALL_FACTORIES))
+_ALL_FACTORY_NAMES = tuple(sorted(_ALL_FACTORIES))
 
 # code of a function that puts a tensor on the device itself
 _OWN_PROOF = (".to(", ".cuda(", "device=")
@@ -96,6 +97,10 @@ class FactoryWithoutDevice(Rule):
         super().__init__(ctx)
         self._factory_lines: list[int] | None = None  # lines that name a factory
         self._cpu_in: dict[AnyFunction, bool] = {}  # functions holding a CPU factory call
+        # lines holding a needle of each tuple (`_spans`): one text scan per file, not
+        # one per function and needle
+        self._needle_lines: dict[tuple[str, ...], list[int]] = {}
+        self._class_helpers: dict[ast.ClassDef, list[AnyFunction]] = {}
 
     def finish(self) -> None:
         ff = file_flow(self.ctx)
@@ -107,7 +112,7 @@ class FactoryWithoutDevice(Rule):
             cls = ff.class_of(func)
             forward = None if cls is None else self._forward_reaching(ff, cls, func)
             if forward is None:
-                if not moves or not ff.mentions(func, *_FACTORY_CALLS):
+                if not moves or not self._spans(func, _FACTORY_CALLS):
                     continue
                 if cls is not None and ff.is_module_class(cls):
                     # a module whose `forward` is not seen to run this method (a base of
@@ -134,18 +139,29 @@ class FactoryWithoutDevice(Rule):
             assert cls is not None
             if not devices and _runs_here(ff, cls):
                 continue  # a CPU-only script running its own model: it never meets a GPU
-            if not ff.mentions(func, *_ALL_FACTORIES):
+            if not self._spans(func, _ALL_FACTORY_NAMES):
                 makers = self._makers(ff, cls, func)
                 if not (makers and ff.mentions(func, *makers)):
                     continue
             if self._may_make_on_cpu(func):
                 self._check(func, forward, ff.scope(func, callers=False))
 
+    def _spans(self, func: AnyFunction, needles: tuple[str, ...]) -> bool:
+        """`ff.mentions(func, *needles)`, from the lines holding one (needles hold no line
+        break: one is in the function's text exactly when a line of it holds one)."""
+        lines = self._needle_lines.get(needles)
+        if lines is None:
+            lines = self._needle_lines[needles] = self.ctx.lines_holding(needles)
+        at = bisect.bisect_left(lines, func.lineno)
+        return at < len(lines) and lines[at] <= (func.end_lineno or func.lineno)
+
     def _may_make_on_cpu(self, func: AnyFunction) -> bool:
         """Whether `func`, or a method of its class that can hand it a value, calls a
         factory the CPU gets: the only sources this rule reports. Most functions that
         name a factory give every call a `device=`; they are not analysed at all."""
-        return any(self._cpu_factories(f) for f in (func, *self._helpers(func)))
+        return self._cpu_factories(func) or any(
+            self._cpu_factories(f) for f in self._class_methods(func) if f is not func
+        )
 
     def _cpu_factories(self, func: AnyFunction) -> bool:
         """Whether a call of the function's lines is one (once per function: only the
@@ -217,16 +233,16 @@ class FactoryWithoutDevice(Rule):
             return None
         forward = ff.inherited_methods(cls).get("forward")  # maybe a base class's
         if forward is not None:
-            return forward if func in ff.reached_methods(cls, forward) else None
-        if not ff.mentions(
-            func, *_FACTORY_CALLS, *self._makers(ff, cls, func)
+            return forward if ff.reaches(cls, forward, func) else None
+        if not (
+            self._spans(func, _FACTORY_CALLS) or ff.mentions(func, *self._makers(ff, cls, func))
         ) or not self._may_make_on_cpu(func):
             return None  # no factory the CPU gets here: nothing to report, no base read
         called = inherited_calls(analysis(self.ctx), cls, "forward") or frozenset()
         methods = ff.inherited_methods(cls)
         for name in sorted(called):
             start = methods.get(name)
-            if start is not None and func in ff.reached_methods(cls, start):
+            if start is not None and ff.reaches(cls, start, func):
                 return start
         return None
 
@@ -246,12 +262,20 @@ class FactoryWithoutDevice(Rule):
         return bool(module.cls) and module.cls in self.ctx.project.moving_classes
 
     def _helpers(self, func: AnyFunction) -> list[AnyFunction]:
+        return [m for m in self._class_methods(func) if m is not func]
+
+    def _class_methods(self, func: AnyFunction) -> list[AnyFunction]:
+        """The methods of `func`'s class but construction's (cached per class)."""
         ff = file_flow(self.ctx)
         cls = ff.class_of(func)
         if cls is None:
             return []
-        skip = {"__init__", *ff.init_helpers(cls)}  # what construction makes is TD104's
-        return [m for name, m in ff.methods(cls).items() if name not in skip and m is not func]
+        methods = self._class_helpers.get(cls)
+        if methods is None:
+            skip = {"__init__", *ff.init_helpers(cls)}  # what construction makes is TD104's
+            methods = [m for name, m in ff.methods(cls).items() if name not in skip]
+            self._class_helpers[cls] = methods
+        return methods
 
     def _message(
         self, func: AnyFunction, forward: AnyFunction | None, m: Mismatch, qual: str, factory: str
