@@ -434,6 +434,10 @@ class FileContext:
     def line_of_offset(self, offset: int) -> int:
         return bisect.bisect_right(self._starts(), offset)
 
+    def line_offset(self, line: int) -> int:
+        """Character offset into `source` where `line` (1-based) starts."""
+        return self._starts()[line - 1]
+
     # -- fixes ----------------------------------------------------------------
     def replace(self, node: ast.AST, content: str) -> Edit:
         start, end = self.node_span(node)

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.analysis.torch_api import _NO_GRAD_CONTEXTS, MODULE_ONLY_METHODS
 from torchdoctor.check.analysis.values import AnyFunction, Env
-from torchdoctor.check.context import FileContext, offsets
-from torchdoctor.check.lines import line_start
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.tree_walk import iter_children, walk
 
 if TYPE_CHECKING:
@@ -309,9 +308,9 @@ def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern
     The same lines as a MULTILINE `^...` search of the whole text whenever every match
     lies on one line and holds a needle, without trying the pattern at every position.
     """
-    source = ctx.source
-    starts = {line_start(source, at) for needle in needles for at in offsets(source, needle)}
-    return [ctx.line_of_offset(s) for s in sorted(starts) if pattern.match(source, s)]
+    source, start = ctx.source, ctx.line_offset
+    # (each line once: not every hit widened to its line)
+    return [line for line in ctx.lines_holding(needles) if pattern.match(source, start(line))]
 
 
 def dead_loop_rebinding(scope: ast.AST, call: ast.expr) -> bool:
