@@ -102,6 +102,22 @@ def returns_factory(text: str) -> bool:
     return _match_at(text, "return", _RETURNED_FACTORY_AT) is not None
 
 
+def findall_at(text: str, word: str, pattern: re.Pattern[str]) -> list[str]:
+    """`pattern.findall(text)` for a pattern with one group whose every match starts with
+    `word`, tried only where `word` occurs (a pattern that starts with `\\b` or a class
+    is tried at every position)."""
+    found = []
+    at = text.find(word)
+    while at >= 0:
+        match = pattern.match(text, at)
+        if match is not None:
+            found.append(match.group(1))
+            at = text.find(word, max(match.end(), at + 1))
+        else:
+            at = text.find(word, at + 1)
+    return found
+
+
 def _match_at(
     text: str, word: str, pattern: re.Pattern[str], start: int = 0
 ) -> re.Match[str] | None:
