@@ -12,9 +12,9 @@ from torchdoctor.check.analysis.name_uses import NameUses
 from torchdoctor.check.analysis.syntax import (
     _COMPOUND_STATEMENTS,
     _DEF_OR_IMPORT,
-    _SELF_ATTRIBUTE_USE,
     _is_static,
     _target_names,
+    attribute_uses,
     module_receivers,
 )
 from torchdoctor.check.analysis.torch_api import _NON_MODULE_NN, LIBRARY_MODULE_BASES
@@ -496,9 +496,7 @@ class FileIndex:
             for method in self.inherited_methods(cls).values():
                 params = [*method.args.posonlyargs, *method.args.args]
                 me = params[0].arg if params else "self"
-                for match in _SELF_ATTRIBUTE_USE.finditer(self.text(method)):
-                    if match.group(1) != me:
-                        continue
+                for match in attribute_uses(self.text(method), me):
                     uses, calls, callers = found.get(match.group(2), (0, 0, []))
                     if match.group(3):
                         calls += 1

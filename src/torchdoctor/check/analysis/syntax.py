@@ -88,6 +88,21 @@ _RETURNED_FACTORY_AT = re.compile(_RETURNED_FACTORY)
 _SELF_ATTRIBUTE_USE = re.compile(r"(?<![\w.])(\w+)\.(\w+)\b(\s*\()?")
 
 
+def attribute_uses(text: str, name: str) -> list[re.Match[str]]:
+    """The matches of `_SELF_ATTRIBUTE_USE.finditer(text)` whose receiver is `name`,
+    tried only where `name.` occurs (the pattern is tried at every position): a match
+    starts only after no word character or `.`, so no other match holds it."""
+    found = []
+    head = f"{name}."
+    at = text.find(head)
+    while at >= 0:
+        match = _SELF_ATTRIBUTE_USE.match(text, at)
+        if match is not None and match.group(1) == name:
+            found.append(match)
+        at = text.find(head, at + 1)
+    return found
+
+
 _DEF_OR_IMPORT = re.compile(r"\s*(?:(?:async\s+)?(?:def|class)\s+|(?:from\s+\S+\s+)?import\s+.*)")
 
 
