@@ -117,6 +117,13 @@ def _needle_plan(needle: str) -> tuple[str | None, bool]:
     return (max(pieces, key=len) if pieces else None), True
 
 
+@functools.lru_cache(maxsize=4096)
+def _fewest_needles(needles: frozenset[str]) -> tuple[str, ...]:
+    """`needles` less those that hold another of them (`.tensor(` beside `tensor(`): a
+    line holding one holds the other, so the lines holding any are the same."""
+    return tuple(n for n in needles if n and not any(o and o != n and o in n for o in needles))
+
+
 def offsets(source: str, needle: str) -> Iterator[int]:
     """Where `needle` occurs in `source`, found with `str.find` (no overlaps)."""
     at = source.find(needle)
@@ -282,6 +289,9 @@ class FileContext:
         source, starts = self.source, self._starts()
         find, line_of = source.find, bisect.bisect_right
         found: set[int] = set()
+        needles = tuple(needles)
+        if len(needles) > 1:
+            needles = _fewest_needles(frozenset(needles))
         for needle in needles:
             if not needle or not self._may_hold(needle):
                 continue
@@ -423,6 +433,10 @@ class FileContext:
 
     def line_of_offset(self, offset: int) -> int:
         return bisect.bisect_right(self._starts(), offset)
+
+    def line_offset(self, line: int) -> int:
+        """Character offset into `source` where `line` (1-based) starts."""
+        return self._starts()[line - 1]
 
     # -- fixes ----------------------------------------------------------------
     def replace(self, node: ast.AST, content: str) -> Edit:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import bisect
 import itertools
-import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -15,6 +14,7 @@ from torchdoctor.check.analysis.syntax import (
     _DEF_OR_IMPORT,
     _is_static,
     _target_names,
+    attribute_uses,
     module_receivers,
 )
 from torchdoctor.check.analysis.torch_api import _NON_MODULE_NN, LIBRARY_MODULE_BASES
@@ -500,7 +500,7 @@ class FileIndex:
             for method in self.inherited_methods(cls).values():
                 params = [*method.args.posonlyargs, *method.args.args]
                 me = params[0].arg if params else "self"
-                for match in _self_uses(me).finditer(self.text(method)):
+                for match in attribute_uses(self.text(method), me):
                     uses, calls, callers = found.get(match.group(2), (0, 0, []))
                     if match.group(3):
                         calls += 1
@@ -510,15 +510,3 @@ class FileIndex:
             self._class_uses[cls] = found
         return found
 
-
-_SELF_USES: dict[str, re.Pattern[str]] = {}
-
-
-def _self_uses(me: str) -> re.Pattern[str]:
-    """`me.attr` and `me.attr(` in a method's text: syntax._SELF_ATTRIBUTE_USE's matches
-    whose receiver is `me` (the same matches: another receiver's match never covers
-    where one of `me` may start), found by searching for `me.` itself."""
-    found = _SELF_USES.get(me)
-    if found is None:
-        found = _SELF_USES[me] = re.compile(rf"(?<![\w.])({re.escape(me)})\.(\w+)\b(\s*\()?")
-    return found

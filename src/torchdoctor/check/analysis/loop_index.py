@@ -133,7 +133,7 @@ class LoopIndex:
             if is_torch_file(self.ctx.source):
                 found = [
                     w
-                    for w in _lines_with(_EVALISH_PIECES, "\n".join(self.words()))
+                    for w in _lines_with(_EVALISH_PIECES, self.ctx.word_text)
                     if w in ("no_grad", "inference_mode") or _evalish_identifier(w)
                 ]
             self._evaluation_words = found
@@ -157,7 +157,7 @@ class LoopIndex:
         if self._model_words is None:
             roots = self.model_roots()
             words = self.words()
-            candidates = _lines_with(_MODELISH_PIECES, "\n".join(words))
+            candidates = _lines_with(_MODELISH_PIECES, self.ctx.word_text)
             candidates |= words & {"G", "D"}
             self._model_words = [
                 w for w in candidates if _modelish_word(w) and not self._other_class_name(w)

@@ -56,11 +56,16 @@ LOSS_TEXT = (
 
 
 # A torch loss built (`nn.CrossEntropyLoss(`) or named as a value (`F.cross_entropy,`):
-# what a file that hands one to a function shows.
-_HANDS_LOSS = re.compile(
-    r"(?:CrossEntropyLoss|NLLLoss|BCELoss|BCEWithLogitsLoss)\s*\("
-    r"|\.(?:cross_entropy|nll_loss|binary_cross_entropy(?:_with_logits)?)\b(?!\s*\()"
-)
+# what a file that hands one to a function shows. `may_hand_losses` tries each part of
+# the pattern where its name occurs (the whole is tried at every `.` of the text;
+# tests/check/test_hands_loss.py: the same answers)
+_LOSS_BUILT = r"(?:CrossEntropyLoss|NLLLoss|BCELoss|BCEWithLogitsLoss)\s*\("
+_LOSS_VALUE = r"\.(?:cross_entropy|nll_loss|binary_cross_entropy(?:_with_logits)?)\b(?!\s*\()"
+HANDS_LOSS = f"{_LOSS_BUILT}|{_LOSS_VALUE}"
+_LOSS_CLASSES = ("CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss")
+_CALLED = re.compile(r"\s*\(")
+_FUNCTIONAL_LOSSES = (".cross_entropy", ".nll_loss", ".binary_cross_entropy")
+_FUNCTIONAL_VALUE = re.compile(_LOSS_VALUE)
 
 
 def names_a_loss(source: str) -> bool:
@@ -72,7 +77,21 @@ def names_a_loss(source: str) -> bool:
 
 def may_hand_losses(source: str) -> bool:
     """Whether the file builds a torch loss or names a functional one as a value."""
-    return names_a_loss(source) and _HANDS_LOSS.search(source) is not None
+    if not names_a_loss(source):
+        return False
+    for name in _LOSS_CLASSES:
+        at = source.find(name)
+        while at >= 0:
+            if _CALLED.match(source, at + len(name)):
+                return True
+            at = source.find(name, at + 1)
+    for name in _FUNCTIONAL_LOSSES:
+        at = source.find(name)
+        while at >= 0:
+            if _FUNCTIONAL_VALUE.match(source, at):
+                return True
+            at = source.find(name, at + 1)
+    return False
 
 
 def built_calls(fl: FileLoops, fi: FunctionInfo, key: str) -> list[ast.Call] | None:

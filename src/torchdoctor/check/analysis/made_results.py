@@ -36,9 +36,13 @@ from torchdoctor.check.source_text import decode_source
 # What a function's text must hold to make such a value: a move, or a loader.
 MAKERS = (".to(", ".cuda(", "DataLoader(")
 
-_DEF = re.compile(r"^(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(", re.M)
-# the next top-level statement (a signature's closing `)` at column 0 is not one)
-_TOPLEVEL = re.compile(r"^[^\s#)]", re.M)
+# A top-level `def` (`top_level_defs`: the matches of `DEF_LINE`, a pattern tried at
+# every position of the text, found from the line starts that begin with `def`/`async`)
+DEF_LINE = r"^(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\("
+_DEF = re.compile(DEF_LINE[1:])
+# the next top-level statement (a signature's closing `)` at column 0 is not one): the
+# `^[^\s#)]` of a multi-line pattern, found from its line break
+_TOPLEVEL = re.compile(r"\n[^\s#)]")
 
 
 def made_here(value: Value, func: AnyFunction) -> Value:
@@ -115,6 +119,23 @@ def _read(path: str) -> str:
 _CALLED = re.compile(r"\b(\w+)\s*\(")
 
 
+def top_level_defs(text: str) -> list[re.Match[str]]:
+    """The matches `re.finditer(DEF_LINE, text, re.M)` gives (their ends and names: each
+    starts at the line start it is tried from, not where the multi-line pattern starts)."""
+    starts = [0] if text.startswith(("def", "async")) else []
+    for head in ("\ndef", "\nasync"):
+        at = text.find(head)
+        while at >= 0:
+            starts.append(at + 1)
+            at = text.find(head, at + 1)
+    found = []
+    for start in sorted(starts):
+        match = _DEF.match(text, start)
+        if match is not None:
+            found.append(match)
+    return found
+
+
 class TextDefs:
     """The top-level functions of a file's text, judged by their text alone, on request:
     only the ones a caller asks about (and those they call) are looked at."""
@@ -151,9 +172,10 @@ class TextDefs:
         if self._bodies is None:
             self._bodies = {}
             text = self.text
-            for match in _DEF.finditer(text):
+            for match in top_level_defs(text):
+                # (the search starts after a `(`: the line break is past it)
                 end = _TOPLEVEL.search(text, match.end())
-                body = text[match.end() : end.start() if end is not None else len(text)]
+                body = text[match.end() : end.start() + 1 if end is not None else len(text)]
                 self._bodies.setdefault(match.group(1), body)
             if len(text) > 20_000:
                 self.text = ""  # a long module is no re-exporting `__init__`: not kept

@@ -298,5 +298,10 @@ def _contains_loop(stmts: list[ast.stmt]) -> bool:
 
 def describe_origins(origins: Iterable[Origin], modes: frozenset[str]) -> str:
     """`model.train()` at line 80 / `model.eval()` at line 88 ...: the proof, for messages."""
-    chosen = sorted((o for o in origins if o.mode in modes), key=lambda o: o.line)
+    # Two origins of one call site (the effects of two callees) come shorter text first
+    # (the more direct one), then by text: not in the order of the set holding them,
+    # which changes from run to run.
+    chosen = sorted(
+        (o for o in origins if o.mode in modes), key=lambda o: (o.line, len(o.what), o.what)
+    )
     return " and ".join(o.what for o in chosen[:2])

@@ -53,7 +53,7 @@ def module_pickles(ctx: FileContext) -> list[ModulePickle]:
 
 
 def _module_pickles(ctx: FileContext) -> list[ModulePickle]:
-    if not any(f"{last}(" in ctx.source for last in _PICKLE_NAMES):
+    if not any(ctx.holds(f"{last}(") for last in _PICKLE_NAMES):
         return []  # cheap first: most files pickle nothing
     found = []
     lines = ctx.lines_holding([f"{last}(" for last in _PICKLE_NAMES])

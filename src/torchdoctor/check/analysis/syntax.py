@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.analysis.torch_api import _NO_GRAD_CONTEXTS, MODULE_ONLY_METHODS
 from torchdoctor.check.analysis.values import AnyFunction, Env
-from torchdoctor.check.context import FileContext, offsets
-from torchdoctor.check.lines import line_start
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.tree_walk import iter_children, walk
 
 if TYPE_CHECKING:
@@ -73,22 +72,78 @@ _COMPOUND_STATEMENTS = frozenset(
 _ASSIGNED_ATTR: dict[str, re.Pattern[str]] = {}
 
 
-# A function that may return a tensor it makes: a factory call and a return.
-_RETURNS_FACTORY = re.compile(
+# A function that may return a tensor it makes: a factory call and a return. Each part
+# is tried where its first word occurs (the whole, at every position of the text, is 10
+# times slower; tests/check/test_returns_factory.py: the same answers).
+_FACTORY_CALL = (
     r"\btorch\.(?:zeros|ones|empty|full|rand|randn|randint|arange|tensor|eye|linspace)\("
-    r"[\s\S]*\breturn\b|\breturn\b[^\r\n]*\btorch\.(?:zeros|ones|empty|full|rand|randn)\("
 )
+_RETURNED_FACTORY = r"\breturn\b[^\r\n]*\btorch\.(?:zeros|ones|empty|full|rand|randn)\("
+RETURNS_FACTORY = rf"{_FACTORY_CALL}[\s\S]*\breturn\b|{_RETURNED_FACTORY}"
+_FACTORY_CALL_AT = re.compile(_FACTORY_CALL)
+_RETURN_AT = re.compile(r"\breturn\b")
+_RETURNED_FACTORY_AT = re.compile(_RETURNED_FACTORY)
 
 
 _SELF_ATTRIBUTE_USE = re.compile(r"(?<![\w.])(\w+)\.(\w+)\b(\s*\()?")
+
+
+def attribute_uses(text: str, name: str) -> list[re.Match[str]]:
+    """The matches of `_SELF_ATTRIBUTE_USE.finditer(text)` whose receiver is `name`,
+    tried only where `name.` occurs (the pattern is tried at every position): a match
+    starts only after no word character or `.`, so no other match holds it."""
+    found = []
+    head = f"{name}."
+    at = text.find(head)
+    while at >= 0:
+        match = _SELF_ATTRIBUTE_USE.match(text, at)
+        if match is not None and match.group(1) == name:
+            found.append(match)
+        at = text.find(head, at + 1)
+    return found
 
 
 _DEF_OR_IMPORT = re.compile(r"\s*(?:(?:async\s+)?(?:def|class)\s+|(?:from\s+\S+\s+)?import\s+.*)")
 
 
 def returns_factory(text: str) -> bool:
-    """Whether a function's text may return a tensor it makes with a factory."""
-    return "return" in text and "torch." in text and _RETURNS_FACTORY.search(text) is not None
+    """Whether a function's text may return a tensor it makes with a factory: whether
+    `RETURNS_FACTORY` matches in it."""
+    if "return" not in text or "torch." not in text:
+        return False
+    call = _match_at(text, "torch.", _FACTORY_CALL_AT)
+    if call is not None and _match_at(text, "return", _RETURN_AT, call.end()) is not None:
+        return True  # (after the first call, the first that ends)
+    return _match_at(text, "return", _RETURNED_FACTORY_AT) is not None
+
+
+def findall_at(text: str, word: str, pattern: re.Pattern[str]) -> list[str]:
+    """`pattern.findall(text)` for a pattern with one group whose every match starts with
+    `word`, tried only where `word` occurs (a pattern that starts with `\\b` or a class
+    is tried at every position)."""
+    found = []
+    at = text.find(word)
+    while at >= 0:
+        match = pattern.match(text, at)
+        if match is not None:
+            found.append(match.group(1))
+            at = text.find(word, max(match.end(), at + 1))
+        else:
+            at = text.find(word, at + 1)
+    return found
+
+
+def _match_at(
+    text: str, word: str, pattern: re.Pattern[str], start: int = 0
+) -> re.Match[str] | None:
+    """The first match of `pattern` (which starts with `word`) at or after `start`."""
+    at = text.find(word, start)
+    while at >= 0:
+        match = pattern.match(text, at)
+        if match is not None:
+            return match
+        at = text.find(word, at + 1)
+    return None
 
 
 def _is_static(func: AnyFunction) -> bool:
@@ -309,9 +364,9 @@ def lines_matching(ctx: FileContext, needles: Iterable[str], pattern: re.Pattern
     The same lines as a MULTILINE `^...` search of the whole text whenever every match
     lies on one line and holds a needle, without trying the pattern at every position.
     """
-    source = ctx.source
-    starts = {line_start(source, at) for needle in needles for at in offsets(source, needle)}
-    return [ctx.line_of_offset(s) for s in sorted(starts) if pattern.match(source, s)]
+    source, start = ctx.source, ctx.line_offset
+    # (each line once: not every hit widened to its line)
+    return [line for line in ctx.lines_holding(needles) if pattern.match(source, start(line))]
 
 
 def dead_loop_rebinding(scope: ast.AST, call: ast.expr) -> bool:

@@ -24,11 +24,11 @@ if TYPE_CHECKING:
 _DIRECT = frozenset(LIBRARY["wrappers"]["direct"])
 _FACTORY = frozenset(LIBRARY["wrappers"]["factory"])
 _CACHED = frozenset(LIBRARY["wrappers"]["cached"])
-# the text gate: a module-level line `name = ...W(` of a wrapper's last name
+# the text gate: a module-level line `name = ...W(` of a wrapper's last name (tried at
+# every position: first the calls `W(` it needs, from the file's words)
+_CALLS = tuple(f"{n}(" for n in sorted({n.rsplit(".", 1)[-1] for n in _DIRECT | _FACTORY}))
 _MENTION = re.compile(
-    r"^\w+\s*=\s*[\w.]*\b(?:"
-    + "|".join(sorted({n.rsplit(".", 1)[-1] for n in _DIRECT | _FACTORY}))
-    + r")\(",
+    r"^\w+\s*=\s*[\w.]*\b(?:" + "|".join(c[:-1] for c in _CALLS) + r")\(",
     re.MULTILINE,
 )
 
@@ -51,7 +51,7 @@ def wrapped_functions(ctx: FileContext) -> dict[str, Wrapped]:
 
 
 def _find(ctx: FileContext) -> dict[str, Wrapped]:
-    if not _MENTION.search(as_lf(ctx.source)):
+    if not any(ctx.holds(call) for call in _CALLS) or not _MENTION.search(as_lf(ctx.source)):
         return {}
     defined = {
         s.name for s in ctx.tree.body if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)

@@ -67,7 +67,7 @@ class NumpyOnDevice(Rule):
 
     def finish(self) -> None:
         ff = file_flow(self.ctx)
-        grad_off = any(t in self.ctx.source for t in _GRAD_OFF)
+        grad_off = any(self.ctx.holds(t) for t in _GRAD_OFF)
         for node in scopes_with(ff, ".numpy("):
             scope = ff.scope(node)
             for call in scope.method_calls("numpy"):

@@ -97,7 +97,7 @@ class EvalWithoutNoGrad(Rule):
             return
         # evaluation of a model being trained or served: not library helpers that run
         # a model they were handed (calibration, tracing, export)
-        script = any(w in self.ctx.source for w in _SCRIPT_WORDS)
+        script = any(self.ctx.holds(w) for w in _SCRIPT_WORDS)
         fl = analysis(self.ctx)
         self._eval_only_methods(fl)
         for fi in fl.all_functions():

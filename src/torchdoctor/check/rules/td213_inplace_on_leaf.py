@@ -146,7 +146,7 @@ class InplaceOnLeaf(Rule):
         # class -> its parameter attributes (the classes stay alive while the file is checked)
         self._params: dict[int, dict[str, tuple[str, int]]] = {}
         src = self.ctx.source
-        leafy = any(t in src for t in ("requires_grad", "Parameter", "parameters()"))
+        leafy = any(self.ctx.holds(t) for t in ("requires_grad", "Parameter", "parameters()"))
         built: set[str] = set()
         if self.ctx.project.parameter_classes:
             # cheap: the CapWords calls of the file against the project's classes

@@ -9,7 +9,7 @@ from torchdoctor.check.analysis.class_calls import project_mro
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.file_loops import analysis
 from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_item_context
-from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.syntax import dotted, findall_at
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._inplace_text import may_write_saved
@@ -192,9 +192,9 @@ class InplaceOnSavedTensor(Rule):
         that is not torch's: defined in the file or imported (maybe from a module of
         the project)."""
         text = self.ctx.segment(cls)
-        called = set(_SELF_CALL.findall(text))
+        called = set(findall_at(text, "self.", _SELF_CALL))
         called -= {m.name for m in cls.body if isinstance(m, ast.FunctionDef)}
-        called -= set(_SELF_ASSIGNED.findall(text))
+        called -= set(findall_at(text, "self.", _SELF_ASSIGNED))
         if not called:
             return False  # cheap first: nothing a base defines is used
         for base in cls.bases:

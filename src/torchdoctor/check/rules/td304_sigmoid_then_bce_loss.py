@@ -52,7 +52,7 @@ class SigmoidThenBceLoss(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("igmoid", "BCELoss", "binary_cross_entropy")
 
     def finish(self) -> None:
-        if not any(t in self.ctx.source for t in ("binary_cross_entropy", "BCELoss")):
+        if not any(self.ctx.holds(t) for t in ("binary_cross_entropy", "BCELoss")):
             return
         fl = analysis(self.ctx)
         for fi, call, _ in loss_calls(self.ctx, frozenset({BCE})):

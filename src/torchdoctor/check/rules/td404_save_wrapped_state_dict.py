@@ -91,7 +91,7 @@ class SaveWrappedStateDict(Rule):
             if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and spans_a_line(f, lines)
         ]
         handed = self.ctx.project.wrapped_arguments_for(top)
-        if not handed and not any(w in self.ctx.source for w in _WRAPPER_WORDS):
+        if not handed and not any(self.ctx.holds(w) for w in _WRAPPER_WORDS):
             return  # nothing wraps a model here, nor hands one to a function of this file
         fw = FileWraps(self.ctx)
         plain_saves = re.search(r"\.module\.state_dict\(\)", self.ctx.source)
