@@ -509,4 +509,3 @@ class FileIndex:
                     found[match.group(2)] = (uses + 1, calls, callers)
             self._class_uses[cls] = found
         return found
-
