@@ -3,14 +3,10 @@ receiver is the given name, which it replaces for speed."""
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
-
 import pytest
 
+from tests.check._text_samples import fixture_texts, random_texts
 from torchdoctor.check.analysis.syntax import _SELF_ATTRIBUTE_USE, attribute_uses
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 TRICKY = [
     "self.a = self.b(x)\n",
@@ -39,14 +35,11 @@ def test_tricky_texts(text: str) -> None:
 
 def test_random_texts() -> None:
     pieces = ["self.", "self", ".", "x", "y_", "(", " ", "\n", "my", "é", "1", "a.", "aa."]
-    rng = random.Random(29)
-    for _ in range(20_000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+    for text in random_texts(pieces, seed=29, longest=12):
         for name in ("self", "aa", "a"):
             assert _found(text, name) == _expected(text, name), repr(text)
 
 
 def test_fixtures() -> None:
-    for path in sorted(FIXTURES.rglob("*.py")):
-        text = path.read_text(encoding="utf-8")
+    for path, text in fixture_texts():
         assert _found(text, "self") == _expected(text, "self"), path

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
-
 import pytest
 
+from tests.check._text_samples import fixture_texts, random_texts
 from torchdoctor.check.analysis.syntax import findall_at
 from torchdoctor.check.rules.td215_inplace_on_saved_tensor import _SELF_ASSIGNED, _SELF_CALL
 
-FIXTURES = Path(__file__).parent / "fixtures"
 PATTERNS = [_SELF_CALL, _SELF_ASSIGNED]
 
 TRICKY = [
@@ -31,15 +28,12 @@ def test_tricky_texts(text: str) -> None:
 
 def test_random_texts() -> None:
     pieces = ["self.", "self", ".", "x", "y_", "(", ":", "=", "==", " ", "\n", "my", "é", "1"]
-    rng = random.Random(19)
-    for _ in range(20_000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+    for text in random_texts(pieces, seed=19, longest=12):
         for pattern in PATTERNS:
             assert findall_at(text, "self.", pattern) == pattern.findall(text), repr(text)
 
 
 def test_fixtures() -> None:
-    for path in sorted(FIXTURES.rglob("*.py")):
-        text = path.read_text(encoding="utf-8")
+    for path, text in fixture_texts():
         for pattern in PATTERNS:
             assert findall_at(text, "self.", pattern) == pattern.findall(text), path

@@ -3,15 +3,13 @@ its gate), which it replaces for speed."""
 
 from __future__ import annotations
 
-import random
 import re
-from pathlib import Path
 
 import pytest
 
+from tests.check._text_samples import fixture_texts, random_texts
 from torchdoctor.check.analysis.loss_arguments import HANDS_LOSS, may_hand_losses, names_a_loss
 
-FIXTURES = Path(__file__).parent / "fixtures"
 PATTERN = re.compile(HANDS_LOSS)
 
 TRICKY = [
@@ -42,13 +40,10 @@ def test_random_texts() -> None:
     pieces = ["CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "BCEWith", "."]
     pieces += ["cross_entropy", "nll_loss", "binary_cross_entropy", "_with_logits", "("]
     pieces += [" ", "\n", "x", "_", "é"]
-    rng = random.Random(13)
-    for _ in range(20_000):
-        source = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+    for source in random_texts(pieces, seed=13, longest=8):
         assert may_hand_losses(source) == _expected(source), repr(source)
 
 
 def test_fixtures() -> None:
-    for path in sorted(FIXTURES.rglob("*.py")):
-        source = path.read_text(encoding="utf-8")
+    for path, source in fixture_texts():
         assert may_hand_losses(source) == _expected(source), path

@@ -3,15 +3,13 @@ which it replaces for speed."""
 
 from __future__ import annotations
 
-import random
 import re
-from pathlib import Path
 
 import pytest
 
+from tests.check._text_samples import fixture_texts, random_texts
 from torchdoctor.check.analysis.project_facts import LOADER_ARGUMENT, hands_a_loader
 
-FIXTURES = Path(__file__).parent / "fixtures"
 PATTERN = re.compile(LOADER_ARGUMENT)
 
 TRICKY = [
@@ -40,13 +38,10 @@ def test_tricky_texts(source: str) -> None:
 def test_random_texts() -> None:
     pieces = ["(", ")", " ", "\n", "\r", "\t", "a", "_", "1", ".", "é", "\u00a0", "\u2028"]
     pieces += ["loader", "Loader", "_dl", "dl", "_d", "\x1c"]
-    rng = random.Random(7)
-    for _ in range(20_000):
-        source = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+    for source in random_texts(pieces, seed=7, longest=12):
         assert hands_a_loader(source) == (PATTERN.search(source) is not None), repr(source)
 
 
 def test_fixtures() -> None:
-    for path in sorted(FIXTURES.rglob("*.py")):
-        source = path.read_text(encoding="utf-8")
+    for path, source in fixture_texts():
         assert hands_a_loader(source) == (PATTERN.search(source) is not None), path

@@ -3,15 +3,13 @@ replaces for speed."""
 
 from __future__ import annotations
 
-import random
 import re
-from pathlib import Path
 
 import pytest
 
+from tests.check._text_samples import fixture_texts, random_texts
 from torchdoctor.check.analysis.text_facts import MOVES_INPUT, moves_input
 
-FIXTURES = Path(__file__).parent / "fixtures"
 PATTERN = re.compile(MOVES_INPUT)
 
 TRICKY = [
@@ -40,13 +38,10 @@ def test_tricky_texts(source: str) -> None:
 def test_random_texts() -> None:
     pieces = ["x", "y", "xy", " ", "\n", "=", "==", ".", "(", "_", "1", "é", "\u00a0"]
     pieces += ["to(", "cuda(", "to", "self", ".device", "self.device"]
-    rng = random.Random(11)
-    for _ in range(20_000):
-        source = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+    for source in random_texts(pieces, seed=11, longest=12):
         assert moves_input(source) == (PATTERN.search(source) is not None), repr(source)
 
 
 def test_fixtures() -> None:
-    for path in sorted(FIXTURES.rglob("*.py")):
-        source = path.read_text(encoding="utf-8")
+    for path, source in fixture_texts():
         assert moves_input(source) == (PATTERN.search(source) is not None), path

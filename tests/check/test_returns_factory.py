@@ -3,15 +3,13 @@ gate), which it replaces for speed."""
 
 from __future__ import annotations
 
-import random
 import re
-from pathlib import Path
 
 import pytest
 
+from tests.check._text_samples import fixture_texts, random_texts
 from torchdoctor.check.analysis.syntax import RETURNS_FACTORY, returns_factory
 
-FIXTURES = Path(__file__).parent / "fixtures"
 PATTERN = re.compile(RETURNS_FACTORY)
 
 TRICKY = [
@@ -39,13 +37,10 @@ def test_tricky_texts(text: str) -> None:
 def test_random_texts() -> None:
     pieces = ["torch.", "zeros(", "randn(", "rand", "n(", "tensor(", "(", ".", "mytorch."]
     pieces += ["return", "areturn", "returns", " ", "\n", "\r", "x", "_", "é"]
-    rng = random.Random(17)
-    for _ in range(20_000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 9)))
+    for text in random_texts(pieces, seed=17, longest=9):
         assert returns_factory(text) == _expected(text), repr(text)
 
 
 def test_fixtures() -> None:
-    for path in sorted(FIXTURES.rglob("*.py")):
-        text = path.read_text(encoding="utf-8")
+    for path, text in fixture_texts():
         assert returns_factory(text) == _expected(text), path

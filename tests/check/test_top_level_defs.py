@@ -3,16 +3,14 @@ multi-line patterns it replaces for speed (`DEF_LINE`, and `^[^\\s#)]` for a bod
 
 from __future__ import annotations
 
-import random
 import re
-from pathlib import Path
 
 import pytest
 
+from tests.check._text_samples import fixture_texts, random_texts
 from torchdoctor.check.analysis.made_results import DEF_LINE, TextDefs, top_level_defs
 from torchdoctor.check.lines import as_lf
 
-FIXTURES = Path(__file__).parent / "fixtures"
 DEF = re.compile(DEF_LINE, re.M)
 TOPLEVEL = re.compile(r"^[^\s#)]", re.M)
 
@@ -50,11 +48,10 @@ def test_tricky_texts(source: str) -> None:
 
 def test_random_texts() -> None:
     pieces = ["def", "async", " ", "\t", "\n", "f", "(", ")", "#", ":", "x", "é", "\r\n"]
-    rng = random.Random(5)
-    for _ in range(8_000):
-        _check("".join(rng.choice(pieces) for _ in range(rng.randint(0, 14))))
+    for text in random_texts(pieces, seed=5, longest=14, count=8_000):
+        _check(text)
 
 
 def test_fixtures() -> None:
-    for path in sorted(FIXTURES.rglob("*.py")):
-        _check(path.read_text(encoding="utf-8"))
+    for _, source in fixture_texts():
+        _check(source)
