@@ -93,9 +93,13 @@ NOTEBOOKS_BROKEN: dict[str, tuple[bytes, str]] = {
     "nbformat3.ipynb": (json.dumps({"worksheets": [], "nbformat": 3}).encode(), "no 'cells'"),
     "not_utf8.ipynb": (b'{"cells": "\xff"}', "decode"),
     "deep_json.ipynb": (b"[" * 100_000 + b"]" * 100_000, "notebook"),
-    "cell_syntax_error.ipynb": (
-        _notebook([_code_cell("def (:\n"), _code_cell("import torch\n" + LOAD.decode())]),
-        "SyntaxError",
+}
+
+# A cell that is not Python is left out as Jupyter would (it compiles each cell apart):
+# one TD001 at that cell, and the notebook's other cells are still checked.
+CELL_BROKEN: dict[str, bytes] = {
+    "cell_syntax_error.ipynb": _notebook(
+        [_code_cell("def (:\n"), _code_cell("import torch\n" + LOAD.decode())]
     ),
 }
 
@@ -141,6 +145,8 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     (folder / "ok.py").write_bytes(OK)
     for name, (data, _) in {**READABLE, **BROKEN, **NOTEBOOKS_BROKEN, **NOTEBOOKS_WARNED}.items():
         (folder / name).write_bytes(data)
+    for name, data in CELL_BROKEN.items():
+        (folder / name).write_bytes(data)
     unreadable = dict(_unreadable(folder))
     # a folder named like a file is walked, and a link back up does not loop the walk
     (folder / "package.py").mkdir()
@@ -175,6 +181,17 @@ def test_malformed_notebook_cells_are_warned_about(
     _, _, run = hostile
     assert f"torchdoctor: warning: {name}: {NOTEBOOKS_WARNED[name][1]}\n" in run.stderr
     assert [f["code"] for f in run.by_file()[name]] == ["TD402"]
+
+
+@pytest.mark.parametrize("name", sorted(CELL_BROKEN))
+def test_a_broken_cell_is_reported_and_the_others_checked(
+    hostile: tuple[Path, dict[str, str], CheckRun], name: str
+) -> None:
+    _, _, run = hostile
+    findings = run.by_file()[name]
+    assert [(f["code"], f["cell"]) for f in findings] == [("TD001", 1), ("TD402", 2)], findings
+    assert "SyntaxError" in findings[0]["message"]
+    assert findings[0]["message"].endswith("; the cell was not checked")
 
 
 @pytest.mark.parametrize("name", sorted({**BROKEN, **NOTEBOOKS_BROKEN}))
