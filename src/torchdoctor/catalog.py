@@ -58,7 +58,9 @@ ENGINE_RULES: tuple[RuleInfo, ...] = (
         ## What it does
         Reports a file that is not valid Python for the running interpreter, cannot be
         decoded with its declared encoding, or cannot be read at all. The rest of the
-        run goes on.
+        run goes on. In a notebook, a code cell that is not Python on its own (Jupyter
+        compiles each cell apart) is reported at that cell and left out; the other
+        cells are checked.
 
         ## Use instead
         Fix the syntax error, or exclude the file (`--extend-exclude`).
