@@ -244,6 +244,7 @@ def test_a_left_out_cell_keeps_its_imports() -> None:
                 "model = \n",
                 "np.random.seed(0)\n",
                 "net.cuda()\n",
+                "import os; lr = \n",
             ],
             count=2,
         ),
@@ -252,7 +253,8 @@ def test_a_left_out_cell_keeps_its_imports() -> None:
     assert nb.cells[1].lines == [
         "import torch",
         "from torch import nn as layers",
-        "model = net = object()",
+        "lr = model = net = os = object()",
+        "",
         "",
         "",
         "",

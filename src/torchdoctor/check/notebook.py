@@ -167,7 +167,8 @@ def _stand_in(cell: Cell, imported: frozenset[str]) -> list[str]:
     statement binding what else it may bind or change to an unknown value."""
     lines = [line if _IMPORT_LINE.match(line) and _parses(line) else "" for line in cell.lines]
     own = _import_names("\n".join(line for line in lines if line))
-    names = [n for n in _names_touched(_IMPORT_LINE.sub("", cell.code), imported) if n not in own]
+    rest = "\n".join(line for line, kept in zip(cell.lines, lines, strict=True) if not kept)
+    names = [n for n in _names_touched(rest, imported) if n not in own]
     free = next((i for i, line in enumerate(lines) if not line), None)
     if names and free is not None:
         lines[free] = " = ".join([*names, "object()"])
