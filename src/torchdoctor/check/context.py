@@ -166,6 +166,10 @@ class FileContext:
         self._shared: dict[str, object] = {}
         self._words: frozenset[str] | None = None
         self._word_text: str | None = None
+        # what `holds` and `_in_a_word` answered: rules and analyses ask the same
+        # needles again, and an absent one costs a pass over the text
+        self._held: dict[str, bool] = {}
+        self._in_words: dict[str, bool] = {}
 
     # -- names ------------------------------------------------------------
     @property
@@ -253,10 +257,15 @@ class FileContext:
         than the text, so they are searched first (for any other needle, its longest
         word: `.to(` cannot occur without `to`).
         """
-        piece, whole = _needle_plan(needle)
-        if piece is not None and not self._in_a_word(piece):
-            return False
-        return not whole or needle in self.source
+        found = self._held.get(needle)
+        if found is None:
+            piece, whole = _needle_plan(needle)
+            if piece is not None and not self._in_a_word(piece):
+                found = False
+            else:
+                found = not whole or needle in self.source
+            self._held[needle] = found
+        return found
 
     def _may_hold(self, needle: str) -> bool:
         """False when the needle's longest word is no part of any word of the text."""
@@ -266,7 +275,10 @@ class FileContext:
     def _in_a_word(self, piece: str) -> bool:
         """Whether `piece` is part of a word of the text: a word itself (a set lookup),
         else a search of the distinct words, far shorter than the text."""
-        return piece in self.words or piece in self.word_text
+        found = self._in_words.get(piece)
+        if found is None:
+            found = self._in_words[piece] = piece in self.words or piece in self.word_text
+        return found
 
     @property
     def word_text(self) -> str:

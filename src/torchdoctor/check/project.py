@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from torchdoctor.check.analysis.torch_api import LIBRARY_MODULE_BASES
 from torchdoctor.check.analysis.values import Passed, Value
 from torchdoctor.check.lines import as_lf
+from torchdoctor.check.text_calls import writes_call
 
 # Base classes from torch and its ecosystem that make a class a module.
 KNOWN_MODULE_BASES = frozenset(
@@ -100,10 +101,9 @@ GenericFacts = dict[str, tuple[tuple[str, str, int], ...]]
 WrappedFacts = dict[str, tuple[tuple[str, Passed], ...]]
 # (where "path:line", the call's text, the module class or "", the file's imported names)
 ModulePickles = tuple[tuple[str, str, str, tuple[str, ...]], ...]
+
+
 # A name followed by `(`: what a file may call (a superset; attribute calls too).
-_CALLED_NAME = re.compile(r"([A-Za-z_]\w*)\s*\(")
-
-
 @dataclass(frozen=True)
 class CallFact:
     """One call of a function (or class) of the project, seen in another file."""
@@ -224,7 +224,7 @@ class ProjectIndex:
     wrapped_build: Callable[[ProjectIndex, str, str], WrappedFacts] | None = None
     wrapped_digest: str = ""  # of the wrapping files (the cache fingerprint)
     _wrapped: dict[str, WrappedFacts] = field(default_factory=dict, repr=False, compare=False)
-    _called: dict[str, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
+    _called: dict[str, dict[str, bool]] = field(default_factory=dict, repr=False, compare=False)
     # The files whose text holds a `torch.save`, (path, text). Each is analysed
     # (`saves_build`, analysis/saved_objects.project_saves) only when a file loads a file
     # name it does not write itself and the text holds that name (`saved_files_for`; TD406).
@@ -327,10 +327,12 @@ class ProjectIndex:
         if not wanted or self.wrapped_build is None:
             return {}
         for path, source in self.wrapping_files:
-            called = self._called.get(path)
-            if called is None:  # what the file may call, by name: a gate before the analysis
-                called = self._called[path] = frozenset(_CALLED_NAME.findall(source))
-            if called.isdisjoint(wanted):
+            # whether the file may call one, by name: a gate before the analysis
+            called = self._called.setdefault(path, {})
+            for name in wanted:
+                if name not in called:
+                    called[name] = writes_call(source, name)
+            if not any(called[name] for name in wanted):
                 continue
             facts = self._wrapped.get(path)
             if facts is None:

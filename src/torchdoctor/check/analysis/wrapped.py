@@ -24,11 +24,17 @@ if TYPE_CHECKING:
 _DIRECT = frozenset(LIBRARY["wrappers"]["direct"])
 _FACTORY = frozenset(LIBRARY["wrappers"]["factory"])
 _CACHED = frozenset(LIBRARY["wrappers"]["cached"])
-# the text gate: a module-level line `name = ...W(` of a wrapper's last name (tried at
-# every position: first the calls `W(` it needs, from the file's words)
+# the text gate: a module-level line `name = ...W(` of a wrapper's last name (first the
+# calls `W(` it needs, from the file's words; then `mentions_wrapper`)
 _CALLS = tuple(f"{n}(" for n in sorted({n.rsplit(".", 1)[-1] for n in _DIRECT | _FACTORY}))
 _MENTION = re.compile(
     r"^\w+\s*=\s*[\w.]*\b(?:" + "|".join(c[:-1] for c in _CALLS) + r")\(",
+    re.MULTILINE,
+)
+# `_MENTION` read backwards from the `W(` it ends with: a pattern tried at every line
+# start of a long text costs more than one match where each `W(` occurs
+_MENTION_REVERSED = re.compile(
+    r"\((?:" + "|".join(c[-2::-1] for c in _CALLS) + r")\b[\w.]*\s*=\s*\w+$",
     re.MULTILINE,
 )
 
@@ -50,8 +56,23 @@ def wrapped_functions(ctx: FileContext) -> dict[str, Wrapped]:
     return ctx.shared("wrapped_functions", _find)
 
 
+def mentions_wrapper(text: str) -> bool:
+    """Whether `_MENTION` matches in `text`: each match ends with a `W(` of `_CALLS`, where
+    the reversed pattern matches in the reversed text (`$` there is `^` here)."""
+    backwards: str | None = None
+    for call in _CALLS:
+        at = text.find(call)
+        while at >= 0:
+            if backwards is None:
+                backwards = text[::-1]
+            if _MENTION_REVERSED.match(backwards, len(text) - at - len(call)):
+                return True
+            at = text.find(call, at + 1)
+    return False
+
+
 def _find(ctx: FileContext) -> dict[str, Wrapped]:
-    if not any(ctx.holds(call) for call in _CALLS) or not _MENTION.search(as_lf(ctx.source)):
+    if not any(ctx.holds(call) for call in _CALLS) or not mentions_wrapper(as_lf(ctx.source)):
         return {}
     defined = {
         s.name for s in ctx.tree.body if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
