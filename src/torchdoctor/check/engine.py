@@ -325,7 +325,7 @@ def apply_noqa(findings: list[Finding], source: str) -> list[Finding]:
         return []  # (most files: their comments are not read)
     silenced = noqa_map(source)
     if not silenced:
-        return sorted(findings, key=_order)
+        return sorted(findings, key=finding_order)
     kept = []
     for finding in findings:
         if finding.code in ("TD001", "TD900"):
@@ -338,10 +338,10 @@ def apply_noqa(findings: list[Finding], source: str) -> list[Finding]:
         ):
             continue
         kept.append(finding)
-    return sorted(kept, key=_order)
+    return sorted(kept, key=finding_order)
 
 
-def _order(f: Finding) -> tuple[int, int, str]:
+def finding_order(f: Finding) -> tuple[int, int, str]:
     return (f.line, f.column, f.code)
 
 

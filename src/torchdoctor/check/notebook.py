@@ -145,10 +145,9 @@ def _leave_out_broken_cells(cells: list[Cell], virtual: list[str]) -> list[tuple
     return broken
 
 
-# An `import x` / `from x import y` line; at the top level, kept from a cell that does
-# not parse (the modules it binds).
-_IMPORT_LINE = re.compile(r"^(?:import|from)[ \t][^\n]*$", re.M)
-_ANY_IMPORT_LINE = re.compile(r"^[ \t]*(?:import|from)[ \t][^\n]*$", re.M)
+# An `import x` / `from x import y` line (one that parses alone is at the top level: a
+# cell that does not parse keeps it, for the modules it binds).
+_IMPORT_LINE = re.compile(r"^[ \t]*(?:import|from)[ \t][^\n]*$", re.M)
 # Where a line of code binds names: `a, b = `, `x += `, `for i in`, `def f`, `as h`.
 _BINDING = re.compile(
     r"^([^=#\n]*?)(?:[-+*/%@&|^]|//|\*\*|>>|<<)?=(?!=)|\bfor\b([^\n]*?)\bin\b"
@@ -179,7 +178,7 @@ def _import_names(text: str) -> frozenset[str]:
     """The names the import lines of `text` bind (`import torch.nn as nn`: nn; `from x
     import a, b`: a, b; `import os.path`: os), each line read alone."""
     names: set[str] = set()
-    for match in _ANY_IMPORT_LINE.finditer(text):
+    for match in _IMPORT_LINE.finditer(text):
         try:
             tree = ast.parse(match.group().strip())
         except (SyntaxError, ValueError):

@@ -22,6 +22,7 @@ from torchdoctor.check.engine import (
     RunOptions,
     decode_source,
     discover,
+    finding_order,
     rules_for,
     syntax_error_finding,
 )
@@ -185,7 +186,7 @@ def _result(source: Source, outcome: Outcome) -> FileResult:
                     )
                     for line, col, text in source.notebook.broken
                 ],
-                key=lambda f: (f.line, f.column, f.code),
+                key=finding_order,
             )
     return result
 

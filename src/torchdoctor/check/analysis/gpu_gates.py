@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import child_statements, iter_children, walk
+from torchdoctor.check.tree_walk import block_of, child_statements, iter_children, walk
 
 # torch.cuda APIs that themselves fail without a GPU: code calling them is CUDA-only
 # by design, so a `.cuda()` next to them adds nothing. (Seeding, empty_cache and the
@@ -121,27 +121,19 @@ def _enters_with_cuda(ctx: FileContext, parent: ast.AST, child: ast.AST) -> bool
             return _needs_cuda(ctx, parent.test, True)
         if any(part is child for part in orelse):
             return _needs_cuda(ctx, parent.test, False)
-    for block in _blocks_of(parent):
-        if not any(stmt is child for stmt in block):
-            continue
-        for stmt in block:
-            if stmt is child:
-                break
-            if isinstance(stmt, ast.Assert) and _needs_cuda(ctx, stmt.test, True):
-                return True
-            if (
-                isinstance(stmt, ast.If)
-                and not stmt.orelse
-                and _leaves(stmt.body)
-                and _needs_cuda(ctx, stmt.test, False)
-            ):
-                return True  # `if not torch.cuda.is_available(): return`
+    for stmt in block_of(parent, child):
+        if stmt is child:
+            break
+        if isinstance(stmt, ast.Assert) and _needs_cuda(ctx, stmt.test, True):
+            return True
+        if (
+            isinstance(stmt, ast.If)
+            and not stmt.orelse
+            and _leaves(stmt.body)
+            and _needs_cuda(ctx, stmt.test, False)
+        ):
+            return True  # `if not torch.cuda.is_available(): return`
     return False
-
-
-def _blocks_of(node: ast.AST) -> list[list[ast.stmt]]:
-    blocks = [getattr(node, name, None) for name in ("body", "orelse", "finalbody")]
-    return [b for b in blocks if isinstance(b, list)]
 
 
 def _leaves(body: list[ast.stmt]) -> bool:

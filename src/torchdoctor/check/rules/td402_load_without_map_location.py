@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.gpu_gates import runs_only_with_gpu
 from torchdoctor.check.analysis.names import is_test_file
+from torchdoctor.check.analysis.wraps import bound_arguments, parameter_slots
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
@@ -284,7 +285,7 @@ class LoadWithoutMapLocation(Rule):
         )
         if function is None:
             return None
-        params = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+        params = parameter_slots(function, method=False)
         for sub in walk(function):
             if (
                 isinstance(sub, ast.Call)
@@ -293,15 +294,9 @@ class LoadWithoutMapLocation(Rule):
                 and sub.args[1].id in params
                 and self.ctx.call_name(sub) == "torch.save"
             ):
-                param = sub.args[1].id
-                for kw in call.keywords:
-                    if kw.arg == param:
-                        return kw.value
-                at = params.index(param)
-                if at < len(call.args) and not any(
-                    isinstance(a, ast.Starred) for a in call.args[: at + 1]
-                ):
-                    return call.args[at]
+                found = dict(bound_arguments(call, params)).get(sub.args[1].id)
+                if found is not None:
+                    return found
         return None
 
     def _path_parts(self, path: ast.expr, before: int) -> tuple[set[str], set[str]]:
