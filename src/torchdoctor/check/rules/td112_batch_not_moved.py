@@ -53,7 +53,11 @@ class BatchNotMoved(Rule):
     that another file calls on the model it moved (`model.read(images=batch)`): the
     meeting is reported in the method. What a tokenizer or a processor
     returns with `return_tensors="pt"` is made on the CPU too, and
-    `model.generate(...)` runs the model on the tensors it is given.
+    `model.generate(...)` runs the model on the tensors it is given. A loop that
+    passes a moved model's method (`policy.act(obs, masks)`) a value made on the
+    device before the loop, and rebinds it with a factory without `device=` at the
+    end of its body, is reported at that rebinding: from the second iteration on the
+    method gets a CPU tensor where the first got one on the device.
 
     ## Why is this bad?
     On a GPU machine the first such batch stops the run with
