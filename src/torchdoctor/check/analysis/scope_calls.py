@@ -74,6 +74,8 @@ class ScopeCalls(ScopeSelf):
         qual = self.ctx.qualname(func) or ""
         result = self._call(node, qual, recv, callee, args, keywords, statement)
         self._record_call_site(node, args, keywords, opaque, recv)
+        if self._use_logs and recv is not None:  # a loop's first or second pass runs
+            self._log_uses(node, recv, args, keywords)
         effect = self._init_helper_effect(node, args, keywords, opaque)
         if statement and result is UNKNOWN and self.env is not None:
             self._forget_mutated(node, recv)

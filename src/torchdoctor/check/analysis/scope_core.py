@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from torchdoctor.check.analysis.default_path import first_bindings, none_defaults, when_omitted
 from torchdoctor.check.analysis.env_defaults import EnvDefaults, environment_lines
 from torchdoctor.check.analysis.interfaces import FileFacts
+from torchdoctor.check.analysis.loop_splits import LoopSplit, UseLog, method_uses
 from torchdoctor.check.analysis.syntax import (
     _decorated_no_grad,
     _is_static,
@@ -62,6 +63,9 @@ class ScopeCore:
         self._rebound: dict[str, int] | None = None  # first binding of each of those
         self._env_reads: EnvDefaults | bool | None = None  # (env_defaults.py)
         self._mismatches: dict[tuple[int, int], Mismatch] = {}
+        # the loops whose first or second pass runs: what moved models' methods get there
+        self._use_logs: list[UseLog] = []
+        self._splits: dict[tuple[int, int], LoopSplit] = {}
         self.moves: list[Move] = []
         self.conversions: list[Conversion] = []  # tensors NumPy converts implicitly
         self.calls: list[CallSite] = []
@@ -166,6 +170,11 @@ class ScopeCore:
     @property
     def mismatches(self) -> list[Mismatch]:
         return list(self._mismatches.values())
+
+    @property
+    def loop_splits(self) -> list[LoopSplit]:
+        """Variables a loop hands a moved model on the device first, then on the CPU."""
+        return list(self._splits.values())
 
     def method_calls(self, name: str) -> list[ast.Call]:
         """Every `x.name(...)` call evaluated in the scope, in evaluation order."""
@@ -326,6 +335,18 @@ class ScopeCore:
                 dropped_line=first.dropped_line,
             )
         return Value(Kind.TENSOR, grad=needs_grad) if needs_grad else UNKNOWN
+
+    def _log_uses(
+        self,
+        node: ast.Call,
+        recv: Value,
+        args: list[Value],
+        keywords: list[tuple[str | None, Value]],
+    ) -> None:
+        """What a moved model's method gets, for the loops whose passes run (loop_splits)."""
+        for given in method_uses(node, recv, args, [v for _, v in keywords]):
+            for log in self._use_logs:
+                log.add(node, *given, recv)
 
     def _meet(self, site: ast.AST, operands: list[tuple[ast.expr, Value]], via: str) -> None:
         """Record CPU operands meeting a device operand (0-dim CPU tensors are allowed)."""

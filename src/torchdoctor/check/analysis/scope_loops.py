@@ -12,6 +12,7 @@ from torchdoctor.check.analysis.loop_passes import (
     runs_once,
     stands,
 )
+from torchdoctor.check.analysis.loop_splits import UseLog, splits
 from torchdoctor.check.analysis.scope_core import _LoopFrame
 from torchdoctor.check.analysis.scope_objects import ScopeObjects
 from torchdoctor.check.analysis.syntax import _weaken
@@ -49,16 +50,21 @@ class ScopeLoops(ScopeObjects):
         # silent passes until the loop head is stable, then one recording pass; the
         # first pass (from the state before the loop) records meetings of devices
         self._recording = False
+        log = UseLog(stmt)
+        if meeting:
+            self._use_logs.append(log)
         try:
             for n in range(self.MAX_LOOP_PASSES):
                 self._meeting = meeting and n == 0
+                log.phase = 1 if self._meeting else 0
                 end, _frame = self._loop_pass(head, body, target, element, test)
+                log.phase = 0
                 new_head = join_env(entry, end)
                 for cont in _frame.continues:
                     new_head = join_env(new_head, cont)
                 assert new_head is not None
                 if n == 0 and meeting:
-                    self._second_pass(stmt, entry, end, _frame, body, target, element, test)
+                    self._second_pass(stmt, entry, end, _frame, body, target, element, test, log)
                 if new_head == head:
                     break
                 head = new_head
@@ -66,6 +72,8 @@ class ScopeLoops(ScopeObjects):
                 head = _weaken(head, entry)
         finally:
             self._recording, self._meeting = recording, meeting
+            if meeting:
+                self._use_logs.remove(log)
         end, frame = self._loop_pass(head, body, target, element, test)
         self.env = dict(head)  # the loop may run zero times, or end after any pass
         self.env = join_env(self.env, end)
@@ -83,6 +91,7 @@ class ScopeLoops(ScopeObjects):
         target: ast.expr | None,
         element: Value,
         test: ast.expr | None,
+        log: UseLog,
     ) -> None:
         """Meetings of the loop's second iteration, run from the state the first one
         leaves, not joined with the state before the loop (analysis/loop_passes.py)."""
@@ -92,7 +101,11 @@ class ScopeLoops(ScopeObjects):
         if not second or not carries_new_place(entry, second) or runs_once(stmt):
             return
         before = dict(self._mismatches)
-        self._loop_pass(second, body, target, element, test)
+        log.phase = 2
+        try:
+            self._loop_pass(second, body, target, element, test)
+        finally:
+            log.phase = 0
         skipped = one_pass_branches(stmt)
         for key, m in list(self._mismatches.items()):
             if key in before:
@@ -101,6 +114,9 @@ class ScopeLoops(ScopeObjects):
                 del self._mismatches[key]
             elif not m.later:
                 self._mismatches[key] = dataclasses.replace(m, later=True)
+        # where no meeting is proven: the values a moved model's method gets on the two
+        for split in splits(log, self._mismatches, skipped):
+            self._splits.setdefault((id(split.site), id(split.node)), split)
 
     def _loop_pass(
         self,

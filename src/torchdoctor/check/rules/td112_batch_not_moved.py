@@ -6,11 +6,13 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.default_path import default_text
 from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.loop_splits import LoopSplit
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import dotted, lines_matching
 from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import Kind, Mismatch, Place, ScopeNode, Value
 from torchdoctor.check.rule import Rule, Severity
+from torchdoctor.check.tree_walk import walk
 
 # Batch fields that are meant to stay on the CPU (pack_padded_sequence wants CPU
 # lengths) or are not tensors at all (file names, ids of samples).
@@ -51,7 +53,11 @@ class BatchNotMoved(Rule):
     that another file calls on the model it moved (`model.read(images=batch)`): the
     meeting is reported in the method. What a tokenizer or a processor
     returns with `return_tensors="pt"` is made on the CPU too, and
-    `model.generate(...)` runs the model on the tensors it is given.
+    `model.generate(...)` runs the model on the tensors it is given. A loop that
+    passes a moved model's method (`policy.act(obs, masks)`) a value made on the
+    device before the loop, and rebinds it with a factory without `device=` at the
+    end of its body, is reported at that rebinding: from the second iteration on the
+    method gets a CPU tensor where the first got one on the device.
 
     ## Why is this bad?
     On a GPU machine the first such batch stops the run with
@@ -186,6 +192,11 @@ class BatchNotMoved(Rule):
             by_site.setdefault(m.site, []).append(m)
         for site_mismatches in by_site.values():
             self._report_site(site_mismatches)
+        reported: set[int] = set()
+        for split in scope.loop_splits:
+            if id(split.carried.source) not in reported and self._split_qualifies(split):
+                reported.add(id(split.carried.source))
+                self._report_split(split)
 
     def _qualifies(self, scope: ScopeFlow, m: Mismatch) -> bool:
         if m.callee is not None and m.callee in self._checked and m.inner is not None:
@@ -219,6 +230,34 @@ class BatchNotMoved(Rule):
             and not cpu.assumed
             and isinstance(m.cpu_node, ast.Name | ast.Attribute | ast.Subscript)
         )
+
+    def _split_qualifies(self, split: LoopSplit) -> bool:
+        model = split.model
+        if model.cls and model.cls in self.ctx.project.moving_classes:
+            return False  # its forward moves its inputs (`x = x.to(self.device)`)
+        if "pipe" in (dotted(split.site.func) or "").lower():
+            return False  # pipelines move their inputs themselves
+        last = (dotted(split.node) or "").rsplit(".", 1)[-1]
+        return not (last and _STAYS_ON_CPU.search(last))
+
+    def _report_split(self, split: LoopSplit) -> None:
+        """At the rebinding: the loop's first iteration passes the value on the device,
+        the next ones the tensor made here on the CPU."""
+        source = split.carried.source
+        assert isinstance(source, ast.Call)
+        name = self.ctx.segment(split.node)
+        entry, model = split.entry, split.model
+        device = entry.device or model.device or "device"
+        made = dotted(source.func) or "a factory"
+        call = " ".join(self.ctx.segment(split.site.func).split())
+        first = f", {entry.where_line(entry.device_line)}" if entry.device_line else ""
+        message = (
+            f"`{name}` is rebound here on the CPU (`{made}` without `device=`), and the "
+            f"loop's next iteration passes it to `{call}(...)` ({_moved(model)}); the first "
+            f"iteration passes it on `{device}` (bound before the loop{first}); create it "
+            f"with `device={device}`"
+        )
+        self.report(_rebinding(split.loop, source, split.node), message)
 
     def _report_site(self, mismatches: list[Mismatch]) -> None:
         first = mismatches[0]
@@ -278,6 +317,18 @@ def _continued_headers(lines: list[str], holding: list[int], found: list[int]) -
                 headers.append(back)
                 break
     return headers
+
+
+def _rebinding(loop: ast.stmt, source: ast.Call, node: ast.expr) -> ast.expr:
+    """The target the loop binds to the tensor `source` makes (`masks = torch.zeros(n)`),
+    named as the use names it; the call itself when not found."""
+    text = dotted(node)
+    for stmt in walk(loop):
+        if isinstance(stmt, ast.Assign) and stmt.value is source:
+            for target in stmt.targets:
+                if dotted(target) == text:
+                    return target
+    return source
 
 
 def _same_value(a: Value, b: Value) -> bool:
