@@ -8,7 +8,8 @@ import pytest
 
 from torchdoctor.check import parsed_trees
 from torchdoctor.check.analysis.project_facts import build_project
-from torchdoctor.check.engine import check_source
+from torchdoctor.check.engine import RunOptions, check_source
+from torchdoctor.check.parallel import Task, run_tasks
 from torchdoctor.check.registry import rule_classes
 
 
@@ -73,10 +74,45 @@ def test_with_a_plan_the_trees_no_check_takes_go_first_then_the_last_checked(
     assert parsed_trees.take_for_check("b.py", text) is None  # a.py and b.py are checked
     for name in ("f.py", "a.py", "e.py", "x.py"):  # x.py: outside the plan
         parsed_trees.keep(name, text, ast.parse(text))
-    assert parsed_trees.take("a.py", text) is None  # checked already: it went first
+    assert parsed_trees.take("a.py", text) is None  # checked already: not kept
     parsed_trees.keep("d.py", text, ast.parse(text))
     assert parsed_trees.take("x.py", text) is None  # no check takes it: it went next
     parsed_trees.keep("c.py", text, ast.parse(text))
     assert parsed_trees.take("f.py", text) is None  # of the others, checked last
     for name in ("c.py", "d.py", "e.py"):
         assert parsed_trees.take_for_check(name, text) is not None
+
+
+def test_a_file_already_checked_keeps_no_tree() -> None:
+    for name in ("a.py", "b.py"):
+        parsed_trees.plan(name)
+    text = "y = 22\n"
+    assert parsed_trees.take_for_check("a.py", text) is None
+    for name in ("a.py", "b.py", "x.py"):  # x.py: outside the plan
+        parsed_trees.keep(name, text, ast.parse(text))
+    assert parsed_trees.take("a.py", text) is None  # a sibling read after its check
+    assert parsed_trees.take("b.py", text) is not None
+    assert parsed_trees.take("x.py", text) is not None
+
+
+def test_the_files_whose_trees_are_kept_are_checked_first() -> None:
+    text = "y = 22\n"
+    for name in ("a.py", "b.py", "c.py", "d.py"):
+        parsed_trees.plan(name)
+    for name in ("d.py", "b.py"):
+        parsed_trees.keep(name, text, ast.parse(text))
+    assert parsed_trees.checks_first(["a.py", "b.py", "c.py", "d.py", ""]) == [1, 3, 0, 2, 4]
+    # the plan follows that order: a.py is checked after d.py, so its tree is kept
+    assert parsed_trees.take_for_check("d.py", text) is not None
+    parsed_trees.keep("a.py", text, ast.parse(text))
+    assert parsed_trees.take("a.py", text) is not None
+
+
+def test_outcomes_come_in_the_order_of_the_tasks_whatever_the_order_of_checks() -> None:
+    texts = [f"x{i} = {i}\n" for i in range(4)]
+    paths = [f"m{i}.py" for i in range(4)]
+    project = build_project(list(zip(paths, texts, strict=True)))
+    parsed_trees.keep(paths[2], texts[2], ast.parse(texts[2]))  # m2.py is checked first
+    tasks = [Task(p, t, ("TD101",)) for p, t in zip(paths, texts, strict=True)]
+    outcomes = run_tasks(tasks, project, RunOptions(enabled=frozenset({"TD101"})), 1)
+    assert [o.text for o in outcomes] == texts

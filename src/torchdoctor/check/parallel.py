@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from torchdoctor.check.analysis.module_paths import recording_siblings
 from torchdoctor.check.engine import RunOptions, check_text, syntax_error_finding
+from torchdoctor.check.parsed_trees import checks_first
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rules_by_code
 from torchdoctor.check.rule import Finding
@@ -139,10 +140,15 @@ def run_tasks(
     # would scan all of it. Frozen objects are still freed by reference counting, and
     # the collector sees them again once the checks are done.
     gc.freeze()
+    order = checks_first([task.path for task in tasks])
     try:
-        return _run_tasks(tasks, project, options, jobs)
+        outcomes = _run_tasks([tasks[i] for i in order], project, options, jobs)
     finally:
         gc.unfreeze()
+    in_order = list(outcomes)
+    for i, outcome in zip(order, outcomes, strict=True):
+        in_order[i] = outcome
+    return in_order
 
 
 def _run_tasks(

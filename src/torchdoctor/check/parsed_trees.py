@@ -9,10 +9,15 @@ text are kept (a tree takes some 25-75 bytes per character of its text).
 
 Which trees go when that is full: the project index names the files in the order the
 run checks them (`plan`), and the engine says which file it checks (`take_for_check`),
-so the trees no check will take (a file already checked, read again as a sibling; a
-file outside the run) go first, oldest first, then the trees whose check comes last
-(the one whose use lies furthest ahead goes: fewest trees parsed twice). A tree taken
-is no longer kept.
+so the trees no check will take (a file outside the run; with workers, a file another
+process checked) go first, oldest first, then the trees whose check comes last (the
+one whose use lies furthest ahead goes: fewest trees parsed twice). A tree taken is no
+longer kept, and none is kept for a file already checked (read again as a sibling: no
+check would take it).
+
+The checks start with the files whose trees are kept then (`checks_first`): those are
+the index's trees, taken before the trees that later sibling reads and facts built on
+demand keep push them out (on torch's tree, half the time spent parsing a file again).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import ast
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
 
 KEPT_CHARACTERS = 3_000_000
 
@@ -46,7 +52,7 @@ def keep(path: str, source: str, tree: ast.Module) -> None:
     old = _KEPT.pop(key, None)
     if old is not None:
         _size -= len(old[0])
-    if len(source) > KEPT_CHARACTERS:
+    if len(source) > KEPT_CHARACTERS or _RANK.get(key, _checked) < _checked:
         return
     _KEPT[key] = (source, tree)
     _size += len(source)
@@ -89,6 +95,17 @@ def take_for_check(path: str, source: str) -> ast.Module | None:
         if rank is not None and rank >= _checked:
             _checked = rank + 1
     return take(path, source)
+
+
+def checks_first(paths: Sequence[str]) -> list[int]:
+    """The order to check `paths` in (their indices): first the files whose tree is kept,
+    then the others, each in the given order. It becomes the plan."""
+    kept = [bool(path) and os.path.abspath(path) in _KEPT for path in paths]
+    order = [i for i, k in enumerate(kept) if k] + [i for i, k in enumerate(kept) if not k]
+    _RANK.clear()
+    for i in order:
+        plan(paths[i])
+    return order
 
 
 def parse_kept(path: str, source: str) -> ast.Module:
