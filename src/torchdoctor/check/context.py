@@ -10,7 +10,15 @@ import re
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TypeVar
 
+from torchdoctor.check import line_search
 from torchdoctor.check.findings import Edit, Finding, Fix, FixAvailability
+from torchdoctor.check.line_search import (
+    add_lines,
+    alternatives,
+    match_at,
+    word_characters,
+    words_holding,
+)
 from torchdoctor.check.lines import line_starts, split_lines
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.tree_walk import child_statements, forget_walks, spans_a_line, walk
@@ -91,20 +99,13 @@ def _star_conventions(
 # An identifier: it starts at a letter or underscore (`words` keeps "3d_conv" whole,
 # which still holds every needle that starts with a letter)
 IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
-# bytes.translate table for `words`: ASCII letters, digits, `_` and every byte of a
-# multi-byte UTF-8 character kept; any other byte becomes a space
-_WORD_BYTES = bytes(
-    i if (chr(i).isascii() and (chr(i).isalnum() or i == 95)) or i >= 128 else 32
-    for i in range(256)
-)
 
 
 def words_of(text: str) -> frozenset[str]:
     """Every run of word characters in `text` (ASCII ones, and any non-ASCII character),
     found by C-level byte translation: twice as fast as `IDENTIFIER` on big files. Each
     identifier of the code is one; "3d_conv" is kept whole."""
-    scanned = text.encode("utf-8", "surrogatepass").translate(_WORD_BYTES)
-    return frozenset(scanned.decode("utf-8", "surrogatepass").split())
+    return frozenset(word_characters(text).split())
 
 
 @functools.cache
@@ -130,29 +131,6 @@ def offsets(source: str, needle: str) -> Iterator[int]:
     while at >= 0:
         yield at
         at = source.find(needle, at + len(needle))
-
-
-@functools.lru_cache(maxsize=1024)
-def _alternatives(needles: tuple[str, ...]) -> re.Pattern[str]:
-    """A pattern matching each of `needles` (none holds a line break)."""
-    return re.compile("|".join(map(re.escape, needles)))
-
-
-def _match_at(pattern: re.Pattern[str], source: str, start: int) -> int:
-    """Where the first match of `pattern` in `source` from `start` begins, or -1."""
-    match = pattern.search(source, start)
-    return match.start() if match else -1
-
-
-def _add_lines(found: set[int], starts: list[int], first: Callable[[int], int]) -> None:
-    """Add to `found` the lines (starting at `starts`) holding a hit of `first`: where
-    the first hit at or after an offset is, or -1. A line is searched up to its first
-    hit, the next search starts at the next line."""
-    at = first(0)
-    while at >= 0:
-        line = bisect.bisect_right(starts, at)
-        found.add(line)
-        at = first(starts[line]) if line < len(starts) else -1
 
 
 @functools.cache
@@ -193,6 +171,10 @@ class FileContext:
         # needles again, and an absent one costs a pass over the text
         self._held: dict[str, bool] = {}
         self._in_words: dict[str, bool] = {}
+        # for `lines_holding`: the words of each chunk of the text (when the engine
+        # found them), and the words holding a piece of a needle
+        self._chunks: line_search.Chunks | None = None
+        self._holders: dict[str, frozenset[str]] = {}
 
     # -- names ------------------------------------------------------------
     @property
@@ -267,10 +249,13 @@ class FileContext:
             self._words = words_of(self.source)
         return self._words
 
-    def share_words(self, words: frozenset[str], word_text: str) -> None:
-        """Take `words_of(self.source)` and its words joined by newlines, found by the
-        caller (the engine reads them before the context exists)."""
-        self._words, self._word_text = words, word_text
+    def share_words(
+        self, words: frozenset[str], word_text: str, chunks: line_search.Chunks | None = None
+    ) -> None:
+        """Take `words_of(self.source)`, its words joined by newlines and, if found, the
+        words chunk by chunk, found by the caller (the engine reads them before the
+        context exists)."""
+        self._words, self._word_text, self._chunks = words, word_text, chunks
 
     def holds(self, needle: str) -> bool:
         """Whether `needle` occurs in the text.
@@ -335,11 +320,29 @@ class FileContext:
                 groups.setdefault(key, []).append(needle)
         for group in groups.values():
             if len(group) == 1:
-                _add_lines(found, starts, functools.partial(source.find, group[0]))
+                first = functools.partial(source.find, group[0])
             else:
-                pattern = _alternatives(tuple(sorted(group)))
-                _add_lines(found, starts, functools.partial(_match_at, pattern, source))
+                first = functools.partial(match_at, alternatives(tuple(sorted(group))), source)
+            for start, end in self._spans_to_search(group):
+                add_lines(found, starts, first, start, end)
         return sorted(found)
+
+    def _spans_to_search(self, needles: list[str]) -> list[tuple[int, int]]:
+        """Where in the text `needles` may be: the chunks (`line_search.Chunks`) with a
+        word that holds the longest word of one of them, or the whole text."""
+        chunks, whole = self._chunks, [(0, len(self.source))]
+        if chunks is None or len(chunks.words) < line_search.FEWEST_CHUNKS:
+            return whole
+        holders: set[str] = set()
+        for needle in needles:
+            piece = _needle_plan(needle)[0]
+            if piece is None or "\n" in needle or "\r" in needle:
+                return whole
+            words = self._holders.get(piece)
+            if words is None:
+                words = self._holders[piece] = words_holding(self.word_text, piece)
+            holders |= words
+        return chunks.spans(frozenset(holders))
 
     def lines_naming(self, names: Collection[str]) -> list[int]:
         """The lines where a name of `names` stands as a whole word, ascending. Many
