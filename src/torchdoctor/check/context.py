@@ -12,13 +12,6 @@ from typing import TypeVar
 
 from torchdoctor.check import line_search
 from torchdoctor.check.findings import Edit, Finding, Fix, FixAvailability
-from torchdoctor.check.line_search import (
-    add_lines,
-    alternatives,
-    match_at,
-    word_characters,
-    words_holding,
-)
 from torchdoctor.check.lines import line_starts, split_lines
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.tree_walk import child_statements, forget_walks, spans_a_line, walk
@@ -105,7 +98,7 @@ def words_of(text: str) -> frozenset[str]:
     """Every run of word characters in `text` (ASCII ones, and any non-ASCII character),
     found by C-level byte translation: twice as fast as `IDENTIFIER` on big files. Each
     identifier of the code is one; "3d_conv" is kept whole."""
-    return frozenset(word_characters(text).split())
+    return frozenset(line_search.word_characters(text).split())
 
 
 @functools.cache
@@ -116,13 +109,6 @@ def _needle_plan(needle: str) -> tuple[str | None, bool]:
         return needle, False
     pieces = IDENTIFIER.findall(needle)
     return (max(pieces, key=len) if pieces else None), True
-
-
-@functools.lru_cache(maxsize=4096)
-def _fewest_needles(needles: frozenset[str]) -> tuple[str, ...]:
-    """`needles` less those that hold another of them (`.tensor(` beside `tensor(`): a
-    line holding one holds the other, so the lines holding any are the same."""
-    return tuple(n for n in needles if n and not any(o and o != n and o in n for o in needles))
 
 
 def offsets(source: str, needle: str) -> Iterator[int]:
@@ -310,7 +296,7 @@ class FileContext:
         found: set[int] = set()
         needles = tuple(needles)
         if len(needles) > 1:
-            needles = _fewest_needles(frozenset(needles))
+            needles = line_search.fewest_needles(frozenset(needles))
         # needles that start alike are searched together, by one pattern: a pass of
         # `re` stops at their first character only, and costs about one `str.find`
         groups: dict[str, list[str]] = {}
@@ -322,9 +308,10 @@ class FileContext:
             if len(group) == 1:
                 first = functools.partial(source.find, group[0])
             else:
-                first = functools.partial(match_at, alternatives(tuple(sorted(group))), source)
+                pattern = line_search.alternatives(tuple(sorted(group)))
+                first = functools.partial(line_search.match_at, pattern, source)
             for start, end in self._spans_to_search(group):
-                add_lines(found, starts, first, start, end)
+                line_search.add_lines(found, starts, first, start, end)
         return sorted(found)
 
     def _spans_to_search(self, needles: list[str]) -> list[tuple[int, int]]:
@@ -340,7 +327,7 @@ class FileContext:
                 return whole
             words = self._holders.get(piece)
             if words is None:
-                words = self._holders[piece] = words_holding(self.word_text, piece)
+                words = self._holders[piece] = line_search.words_holding(self.word_text, piece)
             holders |= words
         return chunks.spans(frozenset(holders))
 

@@ -35,6 +35,13 @@ def word_characters(text: str) -> str:
     return scanned.decode("utf-8", "surrogatepass")
 
 
+@functools.lru_cache(maxsize=4096)
+def fewest_needles(needles: frozenset[str]) -> tuple[str, ...]:
+    """`needles` less those that hold another of them (`.tensor(` beside `tensor(`): a
+    line holding one holds the other, so the lines holding any are the same."""
+    return tuple(n for n in needles if n and not any(o and o != n and o in n for o in needles))
+
+
 @functools.lru_cache(maxsize=1024)
 def alternatives(needles: tuple[str, ...]) -> re.Pattern[str]:
     """A pattern matching each of `needles` (none holds a line break)."""
