@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TypeVar
 
+from torchdoctor.check import line_search
 from torchdoctor.check.findings import Edit, Finding, Fix, FixAvailability
 from torchdoctor.check.lines import line_starts, split_lines
 from torchdoctor.check.project import ProjectIndex
@@ -91,20 +92,13 @@ def _star_conventions(
 # An identifier: it starts at a letter or underscore (`words` keeps "3d_conv" whole,
 # which still holds every needle that starts with a letter)
 IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
-# bytes.translate table for `words`: ASCII letters, digits, `_` and every byte of a
-# multi-byte UTF-8 character kept; any other byte becomes a space
-_WORD_BYTES = bytes(
-    i if (chr(i).isascii() and (chr(i).isalnum() or i == 95)) or i >= 128 else 32
-    for i in range(256)
-)
 
 
 def words_of(text: str) -> frozenset[str]:
     """Every run of word characters in `text` (ASCII ones, and any non-ASCII character),
     found by C-level byte translation: twice as fast as `IDENTIFIER` on big files. Each
     identifier of the code is one; "3d_conv" is kept whole."""
-    scanned = text.encode("utf-8", "surrogatepass").translate(_WORD_BYTES)
-    return frozenset(scanned.decode("utf-8", "surrogatepass").split())
+    return frozenset(line_search.word_characters(text).split())
 
 
 @functools.cache
@@ -115,13 +109,6 @@ def _needle_plan(needle: str) -> tuple[str | None, bool]:
         return needle, False
     pieces = IDENTIFIER.findall(needle)
     return (max(pieces, key=len) if pieces else None), True
-
-
-@functools.lru_cache(maxsize=4096)
-def _fewest_needles(needles: frozenset[str]) -> tuple[str, ...]:
-    """`needles` less those that hold another of them (`.tensor(` beside `tensor(`): a
-    line holding one holds the other, so the lines holding any are the same."""
-    return tuple(n for n in needles if n and not any(o and o != n and o in n for o in needles))
 
 
 def offsets(source: str, needle: str) -> Iterator[int]:
@@ -170,6 +157,10 @@ class FileContext:
         # needles again, and an absent one costs a pass over the text
         self._held: dict[str, bool] = {}
         self._in_words: dict[str, bool] = {}
+        # for `lines_holding`: the words of each chunk of the text (when the engine
+        # found them), and the words holding a piece of a needle
+        self._chunks: line_search.Chunks | None = None
+        self._holders: dict[str, frozenset[str]] = {}
 
     # -- names ------------------------------------------------------------
     @property
@@ -244,10 +235,13 @@ class FileContext:
             self._words = words_of(self.source)
         return self._words
 
-    def share_words(self, words: frozenset[str], word_text: str) -> None:
-        """Take `words_of(self.source)` and its words joined by newlines, found by the
-        caller (the engine reads them before the context exists)."""
-        self._words, self._word_text = words, word_text
+    def share_words(
+        self, words: frozenset[str], word_text: str, chunks: line_search.Chunks | None = None
+    ) -> None:
+        """Take `words_of(self.source)`, its words joined by newlines and, if found, the
+        words chunk by chunk, found by the caller (the engine reads them before the
+        context exists)."""
+        self._words, self._word_text, self._chunks = words, word_text, chunks
 
     def holds(self, needle: str) -> bool:
         """Whether `needle` occurs in the text.
@@ -299,21 +293,43 @@ class FileContext:
     def lines_holding(self, needles: Iterable[str]) -> list[int]:
         """The lines holding a needle, ascending, each once."""
         source, starts = self.source, self._starts()
-        find, line_of = source.find, bisect.bisect_right
         found: set[int] = set()
         needles = tuple(needles)
         if len(needles) > 1:
-            needles = _fewest_needles(frozenset(needles))
+            needles = line_search.fewest_needles(frozenset(needles))
+        # needles that start alike are searched together, by one pattern: a pass of
+        # `re` stops at their first character only, and costs about one `str.find`
+        groups: dict[str, list[str]] = {}
         for needle in needles:
-            if not needle or not self._may_hold(needle):
-                continue
-            at = find(needle)
-            while at >= 0:
-                line = line_of(starts, at)
-                found.add(line)
-                # the next hit that counts is on a later line
-                at = find(needle, starts[line]) if line < len(starts) else -1
+            if needle and self._may_hold(needle):
+                key = needle if "\n" in needle or "\r" in needle else needle[0]
+                groups.setdefault(key, []).append(needle)
+        for group in groups.values():
+            if len(group) == 1:
+                first = functools.partial(source.find, group[0])
+            else:
+                pattern = line_search.alternatives(tuple(sorted(group)))
+                first = functools.partial(line_search.match_at, pattern, source)
+            for start, end in self._spans_to_search(group):
+                line_search.add_lines(found, starts, first, start, end)
         return sorted(found)
+
+    def _spans_to_search(self, needles: list[str]) -> list[tuple[int, int]]:
+        """Where in the text `needles` may be: the chunks (`line_search.Chunks`) with a
+        word that holds the longest word of one of them, or the whole text."""
+        chunks, whole = self._chunks, [(0, len(self.source))]
+        if chunks is None or len(chunks.words) < line_search.FEWEST_CHUNKS:
+            return whole
+        holders: set[str] = set()
+        for needle in needles:
+            piece = _needle_plan(needle)[0]
+            if piece is None or "\n" in needle or "\r" in needle:
+                return whole
+            words = self._holders.get(piece)
+            if words is None:
+                words = self._holders[piece] = line_search.words_holding(self.word_text, piece)
+            holders |= words
+        return chunks.spans(frozenset(holders))
 
     def lines_naming(self, names: Collection[str]) -> list[int]:
         """The lines where a name of `names` stands as a whole word, ascending. Many

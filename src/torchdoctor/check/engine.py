@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings, matches
-from torchdoctor.check.context import FileContext, words_of
+from torchdoctor.check.context import FileContext
 from torchdoctor.check.discovery import SOURCE_SUFFIXES, discover
+from torchdoctor.check.line_search import Chunks
 from torchdoctor.check.lines import NEWLINE, as_lf, split_lines
 from torchdoctor.check.parse import parse_module
 from torchdoctor.check.parsed_trees import take_for_check
@@ -124,7 +125,8 @@ def check_source(
     # the rules). The regex is slow on long files: first a test any spelling of
     # "torchdoctor: noqa" passes, on the distinct words (far shorter than the text; both
     # words are whole words there, and flake8's own `# noqa` comments are common).
-    words = words_of(source)
+    chunks = Chunks(source)
+    words = chunks.all_words
     word_text = "\n".join(words)
     lowered = word_text.lower()
     if "qa" in lowered and "torchdoctor" in lowered and _FILE_NOQA.search(as_lf(source)):
@@ -150,7 +152,7 @@ def check_source(
         return [syntax_error_finding(f"cannot parse: {reason}; the file was not checked")]
     project = project if project is not None else build_project([source])
     ctx = FileContext(path, source, tree, project, target_version=target_version)
-    ctx.share_words(words, word_text)
+    ctx.share_words(words, word_text, chunks)
     # a trigger that several rules share (`backward`, `forward`) is looked for once
     present: dict[str, bool] = {}
 
