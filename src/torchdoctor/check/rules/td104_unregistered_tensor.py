@@ -31,12 +31,24 @@ class UnregisteredTensor(Rule):
     where it is (`self.mem = torch.zeros_like(self.mem)`) counts too: the first
     call of `forward` still finds the CPU tensor `__init__` made.
 
+    A tensor `__init__` puts on a device it chose there counts too: a constructor
+    argument (`torch.randn(n, d).to(dev)`, `device=device`) or a CUDA availability test
+    (`device = "cuda" if torch.cuda.is_available() else "cpu"`). It is reported where a
+    method meets it with the module's inputs, parameters or a submodule's output, and
+    only when every other method that assigns it keeps it derived from such pinned
+    tensors (`self.coefs = self.inv_A @ self.b`); one re-homed where it is used
+    (`self.cache = self.cache.to(x)`) is not.
+
     ## Why is this bad?
     `model.to(device)`, `.cuda()` and `.half()` move and convert parameters and
     buffers only. A plain tensor attribute stays on the CPU, so `forward` fails on
     a GPU with `RuntimeError: Expected all tensors to be on the same device, but
     found at least two devices, cuda:0 and cpu!` (positional encodings, masks,
     normalisation constants, anchor grids). It is also missing from `state_dict()`.
+    A tensor pinned to the device chosen at construction stays there the same way:
+    `.cpu()` for inference, `.to("cuda:1")`, each `nn.DataParallel` replica (which gets
+    the one on `cuda:0`) or an accelerate device map leaves it behind, and CPU inputs on a
+    GPU machine meet a CUDA tensor.
 
     ## Example
     ```python
