@@ -1,10 +1,12 @@
 """Tensor attributes a module's construction pins to a device it chose then (TD104).
 
 `self.A = torch.eye(n, device=device)` with `device = "cuda" if
-torch.cuda.is_available() else "cpu"`, or `self.freqs = make().to(dev)` with `dev` a
-constructor argument: the tensor sits on the device construction chose, not a buffer,
-so `model.to()`, `.cuda()`, `.cpu()`, a DataParallel replica or an accelerate device map
-leaves it there while the parameters and inputs go elsewhere. The question "does a
+torch.cuda.is_available() else "cpu"` in `__init__`: the tensor sits on the device the
+class chose for itself, not a buffer, so `model.to()`, `.cpu()`, a DataParallel replica
+or CPU inputs on a GPU machine meet it elsewhere; no caller can keep them together.
+A device given to the constructor (`make().to(dev)`) is not enough: its caller
+usually passes the very device it moves the module to (the module is device-bound by
+design), and whether anything moves it elsewhere is not in the code. The question "does a
 method meet it with the module's tensors?" is the CPU question of TD104 asked again:
 the methods are analysed with the pinned attributes seeded as CPU tensors (a place that
 is not where the module is once moved), and a meeting with an input, a parameter or a
@@ -25,9 +27,9 @@ from torchdoctor.check.tree_walk import walk
 
 
 def construction_device(ff: FileFlow, makers: list[AnyFunction], value: Value) -> str:
-    """How construction chose the device `value` was made on or moved to: "the
-    constructor argument `dev`", "the CUDA availability test at line 58"; "" when it is
-    neither (a device of an input, a hard-wired one, unknown)."""
+    """How construction chose the device `value` was made on or moved to: "the CUDA
+    availability test at line 58"; "" for any other device (a constructor argument,
+    a global, an input's, a hard-wired one, unknown)."""
     if value.kind is not Kind.TENSOR or value.place is not Place.DEVICE:
         return ""
     if value.scalar or value.maybe or value.is_input or value.output or value.where:
@@ -35,22 +37,15 @@ def construction_device(ff: FileFlow, makers: list[AnyFunction], value: Value) -
     device = value.device
     if "is_available" in device:
         return "a CUDA availability test"
-    for maker in makers:
-        params = [*maker.args.posonlyargs, *maker.args.args, *maker.args.kwonlyargs]
-        me = params[0].arg if params else ""
-        names = {p.arg for p in params[1:]}
-        if device in names:
-            return f"the constructor argument `{device}`"
+    for maker in makers:  # `device = torch.device("cuda" if ... else "cpu")`, `self.device = ...`
         for stmt in walk(maker):
-            if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
-                continue
-            if dotted(stmt.targets[0]) != device or device == me:
-                continue
-            source = stmt.value
-            if "is_available" in ff.ctx.segment(source):
+            if (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and dotted(stmt.targets[0]) == device
+                and "is_available" in ff.ctx.segment(stmt.value)
+            ):
                 return f"the CUDA availability test at line {stmt.lineno}"
-            if isinstance(source, ast.Name) and source.id in names:
-                return f"the constructor argument `{source.id}`"
     return ""
 
 

@@ -31,9 +31,10 @@ class UnregisteredTensor(Rule):
     where it is (`self.mem = torch.zeros_like(self.mem)`) counts too: the first
     call of `forward` still finds the CPU tensor `__init__` made.
 
-    A tensor `__init__` puts on a device it chose there counts too: a constructor
-    argument (`torch.randn(n, d).to(dev)`, `device=device`) or a CUDA availability test
-    (`device = "cuda" if torch.cuda.is_available() else "cpu"`). It is reported where a
+    A tensor `__init__` puts on a device the class chooses for itself counts too: a CUDA
+    availability test there (`device = "cuda" if torch.cuda.is_available() else "cpu"`).
+    (A device the constructor is given is not: its caller usually moves the module to
+    that same device, by design.) It is reported where a
     method meets it with the module's inputs, parameters or a submodule's output, and
     only when every other method that assigns it keeps it derived from such pinned
     tensors (`self.coefs = self.inv_A @ self.b`); one re-homed where it is used
