@@ -201,7 +201,7 @@ class ScopeCalls(ScopeSelf):
             and self.cls is not None
         ):
             method = self.ff.methods(self.cls).get(func.attr)
-            if method is not None:
+            if method is not None and self._self_followed is not node:
                 assigned = self.ff.self_attrs_assigned(method)
                 prefix = self.self_name + "."
                 for attr in assigned:

@@ -87,6 +87,9 @@ class ScopeCore:
         self._default_device = 1 if ff.ctx.holds("set_default_device") else 0
         self._loops: list[_LoopFrame] = []
         self._statement_call: ast.Call | None = None
+        # the last `self.m(...)` followed with the caller's `self` (ScopeSelf._self_call):
+        # what it leaves on `self` is known, not to be forgotten as a call of unknown effect
+        self._self_followed: ast.Call | None = None
         self.env: Env | None = None
         self.is_function = not isinstance(node, ast.Module)
         self.self_name = ""

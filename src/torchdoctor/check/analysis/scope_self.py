@@ -87,6 +87,7 @@ class ScopeSelf(ScopeMethods):
             all_facts.append((target, facts))
         self._attribute_meetings(node, func, all_facts, {a: carried[a] for a in cpu})
         self._apply_writes(cls, targets, all_facts)
+        self._self_followed = node
         returned = all_facts[0][1].returned
         for _, facts in all_facts[1:]:
             returned = join(returned, facts.returned)

@@ -10,6 +10,11 @@ from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import accessed_value, dotted
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Place, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
+from torchdoctor.check.rules._pinned_attributes import (
+    construction_device,
+    pinned_cpu,
+    pinned_meeting,
+)
 from torchdoctor.check.tree_walk import walk
 
 
@@ -26,12 +31,25 @@ class UnregisteredTensor(Rule):
     where it is (`self.mem = torch.zeros_like(self.mem)`) counts too: the first
     call of `forward` still finds the CPU tensor `__init__` made.
 
+    A tensor `__init__` puts on a device the class chooses for itself counts too: a CUDA
+    availability test there (`device = "cuda" if torch.cuda.is_available() else "cpu"`).
+    (A device the constructor is given is not: its caller usually moves the module to
+    that same device, by design.) It is reported where a
+    method meets it with the module's inputs, parameters or a submodule's output, and
+    only when every other method that assigns it keeps it derived from such pinned
+    tensors (`self.coefs = self.inv_A @ self.b`); one re-homed where it is used
+    (`self.cache = self.cache.to(x)`) is not.
+
     ## Why is this bad?
     `model.to(device)`, `.cuda()` and `.half()` move and convert parameters and
     buffers only. A plain tensor attribute stays on the CPU, so `forward` fails on
     a GPU with `RuntimeError: Expected all tensors to be on the same device, but
     found at least two devices, cuda:0 and cpu!` (positional encodings, masks,
     normalisation constants, anchor grids). It is also missing from `state_dict()`.
+    A tensor pinned to the device chosen at construction stays there the same way:
+    `.cpu()` for inference, `.to("cuda:1")`, each `nn.DataParallel` replica (which gets
+    the one on `cuda:0`) or an accelerate device map leaves it behind, and CPU inputs on a
+    GPU machine meet a CUDA tensor.
 
     ## Example
     ```python
@@ -109,9 +127,30 @@ class UnregisteredTensor(Rule):
         if "*" in assigned_elsewhere:
             return
         seen: set[str] = set()
+        pinned: dict[str, tuple[ast.Assign | ast.AnnAssign, ast.Attribute, Value, str, str]] = {}
         for maker in makers:
             scope = init if maker is makers[0] else ff.scope(maker, callers=False)
-            self._check_maker(ff, maker, scope, init, others, class_text, assigned_elsewhere, seen)
+            self._check_maker(
+                ff, maker, scope, init, others, class_text, assigned_elsewhere, seen, pinned
+            )
+        if pinned:
+            self._check_pinned(ff, cls, makers, others, pinned)
+
+    def _check_pinned(
+        self,
+        ff: FileFlow,
+        cls: ast.ClassDef,
+        makers: list[AnyFunction],
+        others: list[AnyFunction],
+        pinned: dict[str, tuple[ast.Assign | ast.AnnAssign, ast.Attribute, Value, str, str]],
+    ) -> None:
+        """Tensors pinned to the device construction chose (_pinned_attributes.py)."""
+        as_cpu = pinned_cpu(ff, cls, makers, {a: p[2] for a, p in pinned.items()})
+        for attr in as_cpu:
+            user = pinned_meeting(ff, others, attr, as_cpu)
+            if user is not None:
+                stmt, target, value, helper, chosen = pinned[attr]
+                self._report(stmt, target, attr, value, helper, user, True, chosen)
 
     def _check_maker(
         self,
@@ -123,6 +162,7 @@ class UnregisteredTensor(Rule):
         class_text: str,
         assigned_elsewhere: set[str],
         seen: set[str],
+        pinned: dict[str, tuple[ast.Assign | ast.AnnAssign, ast.Attribute, Value, str, str]],
     ) -> None:
         params = [*maker.args.posonlyargs, *maker.args.args]
         if not params:
@@ -143,6 +183,12 @@ class UnregisteredTensor(Rule):
                 first = attr not in seen
                 seen.add(attr)
                 value = scope.value(stmt.value)
+                helper = "" if maker.name == "__init__" else maker.name
+                if first and value.place is Place.DEVICE:
+                    chosen = construction_device(ff, [maker, init.node], value)  # type: ignore[list-item]
+                    final = init.exit_env.get(f"{init.self_name}.{attr}")
+                    if chosen and final == value and not _registered(attr, class_text):
+                        pinned[attr] = (stmt, target, value, helper, chosen)
                 if value.kind is not Kind.TENSOR or value.place is not Place.CPU:
                     continue
                 if value.scalar or value.assumed:
@@ -150,14 +196,13 @@ class UnregisteredTensor(Rule):
                 final = init.exit_env.get(f"{init.self_name}.{attr}")
                 if final is None or final.kind is not Kind.TENSOR:
                     continue  # wrapped in a Parameter or replaced later
-                if re.search(rf"register_buffer\(\s*['\"]{re.escape(attr)}['\"]", class_text):
+                if _registered(attr, class_text):
                     continue
                 # assigned by other methods too: only where the method's first call is
                 # shown to find what construction made (FlowSeeds._first_call_holds)
                 user = _first_use(ff, others, attr, value, attr in assigned_elsewhere)
                 if user is None:
                     continue
-                helper = "" if maker.name == "__init__" else maker.name
                 self._report(stmt, target, attr, value, helper, user, first)
 
     def _report(
@@ -169,19 +214,31 @@ class UnregisteredTensor(Rule):
         helper: str,
         user: tuple[str, str],
         first: bool,
+        chosen: str = "",
     ) -> None:
         method, line = user
-        made = f"made at {value.where_line(value.line)}" + (
+        line_made = value.line or (stmt.lineno if chosen else 0)  # `2 * torch.eye(n)` has none
+        made = f"made at {value.where_line(line_made)}" + (
             f" by `{value.name}`" if value.name else ""
         )
         if helper:
             made += f" in `{helper}`, which `__init__` runs"
         if value.default_of:  # `w if w is not None else torch.ones(n)`
             made += f" {default_text(value.default_of)}"
+        if chosen:  # pinned to the device construction chose (_pinned_attributes.py)
+            made += f" on the device chosen by {chosen}"
+            where = (
+                "`model.to(device)`, `.cpu()` or a DataParallel replica leaves it on that "
+                f"device, where `{method}` uses it with the module's inputs or parameters"
+            )
+        else:
+            where = (
+                f"`model.to(device)` leaves it on the CPU, where `{method}` uses it with "
+                "tensors on the module's device"
+            )
         message = (
-            f"`self.{attr}` is a plain tensor attribute ({made}), not a buffer: "
-            f"`model.to(device)` leaves it on the CPU, where `{method}` uses it with tensors on "
-            f"the module's device ({line}); "
+            f"`self.{attr}` is a plain tensor attribute ({made}), not a buffer: {where} "
+            f"({line}); "
             f'register it with `self.register_buffer("{attr}", ..., persistent=False)`'
         )
         fix = None
@@ -197,6 +254,10 @@ class UnregisteredTensor(Rule):
                 safe=False,
             )
         self.report(target, message, fix=fix)
+
+
+def _registered(attr: str, class_text: str) -> bool:
+    return bool(re.search(rf"register_buffer\(\s*['\"]{re.escape(attr)}['\"]", class_text))
 
 
 def _first_use(
