@@ -34,6 +34,32 @@ def child_statements(stmt: ast.stmt) -> list[ast.stmt]:
     return children
 
 
+Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+_DEFINITIONS = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef})
+
+
+def definitions(
+    body: list[ast.stmt], owner: Definition | None = None
+) -> list[tuple[Definition, Definition | None]]:
+    """(def or class, the innermost def or class holding it: None at module level) for
+    every function and class under `body`, nested ones too, each before what it holds
+    and statement lists in `child_statements` order (source order, but an `except`
+    body's after `else` and `finally`): one pass, shared by the file's indexes."""
+    found: list[tuple[Definition, Definition | None]] = []
+    todo = list(reversed(body))  # a stack: statements come off in source order
+    while todo:
+        stmt = todo.pop()
+        cls = stmt.__class__
+        if cls in _SIMPLE_STATEMENTS:
+            continue  # most statements: nothing nested (one set lookup)
+        if cls in _DEFINITIONS:
+            found.append((stmt, owner))  # type: ignore[arg-type]
+            found += definitions(stmt.body, stmt)  # type: ignore[attr-defined,arg-type]
+        else:
+            todo.extend(reversed(child_statements(stmt)))
+    return found
+
+
 # Fields that never hold a node: names, numbers, flags.
 _SCALAR_FIELDS = frozenset(
     {"id", "attr", "name", "asname", "arg", "module", "level", "kind", "conversion"}
