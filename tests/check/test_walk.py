@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from torchdoctor.check.tree_walk import block_of, child_statements, definitions, iter_children, walk
+from torchdoctor.check.tree_walk import (
+    block_of,
+    child_statements,
+    definitions,
+    iter_children,
+    walk,
+    walk_statements,
+)
 
 _TRICKY = """
 def f(a, *, b, c=1, **kw):  # a keyword-only argument without a default: None in kw_defaults
@@ -92,3 +99,12 @@ def test_definitions_equal_entering_every_statement_list() -> None:
     for source in [_TRICKY, _BLOCKS, *_sources()]:
         body = ast.parse(source).body
         assert definitions(body) == _plain_definitions(body, None)
+
+
+def test_walk_statements_keeps_the_order_of_the_whole_walk() -> None:
+    for source in [_TRICKY, _BLOCKS, *_sources()]:
+        tree = ast.parse(source)
+        held = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Try, ast.Match)
+        for node in [tree, *(n for n in ast.walk(tree) if isinstance(n, held))]:
+            expected = [n for n in ast.walk(node) if n is node or isinstance(n, ast.stmt)]
+            assert [id(n) for n in walk_statements(node)] == [id(n) for n in expected]

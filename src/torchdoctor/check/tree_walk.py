@@ -148,6 +148,33 @@ def walk(node: ast.AST) -> Iterator[ast.AST]:
 def forget_walks() -> None:
     """Drop the kept walks (FileContext.close: they hold the file's syntax tree)."""
     _WALKS.clear()
+    _STATEMENT_WALKS.clear()
+
+
+# Where statements nest: the statement lists of each statement class, and the `except`
+# handlers and `case`s holding lists of their own, in field order (as `ast.walk` reads)
+_STATEMENT_LISTS: dict[type[ast.AST], tuple[str, ...]] = {
+    cls: tuple(f for f in cls._fields if f in ("body", "orelse", "finalbody", "handlers", "cases"))
+    for cls in vars(ast).values()
+    if isinstance(cls, type) and issubclass(cls, ast.stmt | ast.Module | ast.excepthandler)
+}
+_STATEMENT_LISTS[ast.match_case] = ("body",)
+_STATEMENT_WALKS: dict[ast.AST, list[ast.AST]] = {}
+
+
+def walk_statements(node: ast.AST) -> list[ast.AST]:
+    """`node` and the statements of `walk(node)`, in the same order, for a caller that
+    looks for statements alone (defs, classes, assignments, imports): only statement
+    lists are entered. (A statement's place in a breadth-first walk depends only on its
+    ancestors, all statements, handlers and cases.) Kept until the file's context closes."""
+    found = _STATEMENT_WALKS.get(node)
+    if found is None:
+        todo = [node]
+        for current in todo:  # the list grows while it is read: breadth first
+            for name in _STATEMENT_LISTS.get(current.__class__, ()):
+                todo.extend(getattr(current, name))
+        found = _STATEMENT_WALKS[node] = [n for n in todo if n is node or n.__class__ in STATEMENTS]
+    return found
 
 
 # Node classes with a list field that may hold None or strings (`{**d}` keys, keyword-only
