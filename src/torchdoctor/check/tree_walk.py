@@ -1,4 +1,5 @@
-"""Fast walks of syntax trees: children, descendants, statements on given lines.
+"""Fast walks of syntax trees: children, descendants, statements on given lines, a
+walk's statements alone, and a file's functions and classes.
 
 `ast.walk` and `ast.iter_child_nodes` look up every field of every node by name; these
 read only the fields that can hold nodes (`child_fields`), and skip operators and

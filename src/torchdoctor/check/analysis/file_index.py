@@ -47,7 +47,7 @@ class FileIndex:
         self.classes: dict[str, ast.ClassDef] = {}  # top-level classes by name
         self.toplevel_functions: dict[str, AnyFunction] = {}
         self._methods: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
-        self._index(ctx.shared("definitions", lambda c: definitions(c.tree.body)))
+        self._index(ctx.shared("tree_walk.definitions", lambda c: definitions(c.tree.body)))
         # `_load_cached = cachetools.cached(cache)(_load)`: a call of the name runs `_load`;
         # through a cache, the object returned may be one an earlier caller changed
         self.cached_results: frozenset[str] = frozenset()

@@ -68,7 +68,7 @@ class LoopIndex:
         self.top: dict[str, FunctionInfo] = {}  # module-level functions
         self.methods: dict[str, dict[str, FunctionInfo]] = {}  # class -> name -> function
         self.classes: dict[str, ast.ClassDef] = {}
-        self._index(ctx.shared("definitions", lambda c: definitions(c.tree.body)))
+        self._index(ctx.shared("tree_walk.definitions", lambda c: definitions(c.tree.body)))
         # `fast = typechecked(f)`: a call of the name runs `f`; not through a cache, whose
         # result may be a model an earlier caller switched to another mode
         for name, w in wrapped_functions(ctx).items():
