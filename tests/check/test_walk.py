@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from torchdoctor.check.tree_walk import block_of, iter_children, walk
+from torchdoctor.check.tree_walk import (
+    block_of,
+    child_statements,
+    definitions,
+    iter_children,
+    walk,
+    walk_statements,
+)
 
 _TRICKY = """
 def f(a, *, b, c=1, **kw):  # a keyword-only argument without a default: None in kw_defaults
@@ -74,3 +81,30 @@ def test_block_of_finds_every_statement_list_that_holds_a_statement() -> None:
     # not a statement of `parent`'s own lists: none
     assert block_of(tree, handler.body[0]) == []
     assert block_of(try_, handler) == []
+
+
+def _plain_definitions(body: list[ast.stmt], owner: ast.AST | None) -> list[tuple[ast.AST, object]]:
+    """Every statement list entered, one statement at a time (as the indexes did)."""
+    found: list[tuple[ast.AST, object]] = []
+    for stmt in body:
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.append((stmt, owner))
+            found += _plain_definitions(stmt.body, stmt)
+        else:
+            found += _plain_definitions(child_statements(stmt), owner)
+    return found
+
+
+def test_definitions_equal_entering_every_statement_list() -> None:
+    for source in [_TRICKY, _BLOCKS, *_sources()]:
+        body = ast.parse(source).body
+        assert definitions(body) == _plain_definitions(body, None)
+
+
+def test_walk_statements_keeps_the_order_of_the_whole_walk() -> None:
+    for source in [_TRICKY, _BLOCKS, *_sources()]:
+        tree = ast.parse(source)
+        held = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Try, ast.Match)
+        for node in [tree, *(n for n in ast.walk(tree) if isinstance(n, held))]:
+            expected = [n for n in ast.walk(node) if n is node or isinstance(n, ast.stmt)]
+            assert [id(n) for n in walk_statements(node)] == [id(n) for n in expected]

@@ -1,4 +1,5 @@
-"""Fast walks of syntax trees: children, descendants, statements on given lines.
+"""Fast walks of syntax trees: children, descendants, statements on given lines, a
+walk's statements alone, and a file's functions and classes.
 
 `ast.walk` and `ast.iter_child_nodes` look up every field of every node by name; these
 read only the fields that can hold nodes (`child_fields`), and skip operators and
@@ -32,6 +33,32 @@ def child_statements(stmt: ast.stmt) -> list[ast.stmt]:
     for holder in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
         children.extend(holder.body)
     return children
+
+
+Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+_DEFINITIONS = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef})
+
+
+def definitions(
+    body: list[ast.stmt], owner: Definition | None = None
+) -> list[tuple[Definition, Definition | None]]:
+    """(def or class, the innermost def or class holding it: None at module level) for
+    every function and class under `body`, nested ones too, each before what it holds
+    and statement lists in `child_statements` order (source order, but an `except`
+    body's after `else` and `finally`): one pass, shared by the file's indexes."""
+    found: list[tuple[Definition, Definition | None]] = []
+    todo = list(reversed(body))  # a stack: statements come off in source order
+    while todo:
+        stmt = todo.pop()
+        cls = stmt.__class__
+        if cls in _SIMPLE_STATEMENTS:
+            continue  # most statements: nothing nested (one set lookup)
+        if cls in _DEFINITIONS:
+            found.append((stmt, owner))  # type: ignore[arg-type]
+            found += definitions(stmt.body, stmt)  # type: ignore[attr-defined,arg-type]
+        else:
+            todo.extend(reversed(child_statements(stmt)))
+    return found
 
 
 # Fields that never hold a node: names, numbers, flags.
@@ -122,6 +149,33 @@ def walk(node: ast.AST) -> Iterator[ast.AST]:
 def forget_walks() -> None:
     """Drop the kept walks (FileContext.close: they hold the file's syntax tree)."""
     _WALKS.clear()
+    _STATEMENT_WALKS.clear()
+
+
+# Where statements nest: the statement lists of each statement class, and the `except`
+# handlers and `case`s holding lists of their own, in field order (as `ast.walk` reads)
+_STATEMENT_LISTS: dict[type[ast.AST], tuple[str, ...]] = {
+    cls: tuple(f for f in cls._fields if f in ("body", "orelse", "finalbody", "handlers", "cases"))
+    for cls in vars(ast).values()
+    if isinstance(cls, type) and issubclass(cls, ast.stmt | ast.Module | ast.excepthandler)
+}
+_STATEMENT_LISTS[ast.match_case] = ("body",)
+_STATEMENT_WALKS: dict[ast.AST, list[ast.AST]] = {}
+
+
+def walk_statements(node: ast.AST) -> list[ast.AST]:
+    """`node` and the statements of `walk(node)`, in the same order, for a caller that
+    looks for statements alone (defs, classes, assignments, imports): only statement
+    lists are entered. (A statement's place in a breadth-first walk depends only on its
+    ancestors, all statements, handlers and cases.) Kept until the file's context closes."""
+    found = _STATEMENT_WALKS.get(node)
+    if found is None:
+        todo = [node]
+        for current in todo:  # the list grows while it is read: breadth first
+            for name in _STATEMENT_LISTS.get(current.__class__, ()):
+                todo.extend(getattr(current, name))
+        found = _STATEMENT_WALKS[node] = [n for n in todo if n is node or n.__class__ in STATEMENTS]
+    return found
 
 
 # Node classes with a list field that may hold None or strings (`{**d}` keys, keyword-only

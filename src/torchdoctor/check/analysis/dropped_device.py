@@ -15,7 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.parsed_trees import parse_kept
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -38,7 +38,7 @@ def cuda_default_classes(path: str, source: str) -> dict[str, CudaDefault]:
         tree = parse_kept(path, source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return found
-    for cls in walk(tree):
+    for cls in walk_statements(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         init = next(

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.name_uses import NameUses
 from torchdoctor.check.analysis.syntax import (
-    _COMPOUND_STATEMENTS,
     _DEF_OR_IMPORT,
     _is_static,
     _target_names,
@@ -23,7 +22,7 @@ from torchdoctor.check.analysis.wrapped import wrapped_functions
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.lines import line_end, line_start
 from torchdoctor.check.project import KNOWN_MODULE_BASES
-from torchdoctor.check.tree_walk import child_statements
+from torchdoctor.check.tree_walk import Definition, child_statements, definitions
 
 if TYPE_CHECKING:
     from torchdoctor.check.project import ProjectIndex
@@ -48,7 +47,7 @@ class FileIndex:
         self.classes: dict[str, ast.ClassDef] = {}  # top-level classes by name
         self.toplevel_functions: dict[str, AnyFunction] = {}
         self._methods: dict[ast.ClassDef, dict[str, AnyFunction]] = {}
-        self._index(ctx.tree.body, None, top=True)
+        self._index(ctx.shared("tree_walk.definitions", lambda c: definitions(c.tree.body)))
         # `_load_cached = cachetools.cached(cache)(_load)`: a call of the name runs `_load`;
         # through a cache, the object returned may be one an earlier caller changed
         self.cached_results: frozenset[str] = frozenset()
@@ -90,26 +89,23 @@ class FileIndex:
         ] = {}
 
     # -- index -------------------------------------------------------------------------
-    def _index(self, body: list[ast.stmt], cls: ast.ClassDef | None, *, top: bool) -> None:
-        for stmt in body:
-            kind = type(stmt)
-            if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
-                assert isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef)
-                self._functions.append(stmt)
-                if cls is not None:
-                    self._class_of[stmt] = cls
-                    self._methods.setdefault(cls, {})[stmt.name] = stmt
-                elif top:
-                    self.toplevel_functions[stmt.name] = stmt
-                self._index(stmt.body, None, top=False)
-            elif kind is ast.ClassDef:
-                assert isinstance(stmt, ast.ClassDef)
-                if top:
-                    self.classes[stmt.name] = stmt
-                self._methods.setdefault(stmt, {})
-                self._index(stmt.body, stmt, top=False)
-            elif kind in _COMPOUND_STATEMENTS:
-                self._index(child_statements(stmt), cls, top=top and cls is None)
+    def _index(self, found: list[tuple[Definition, Definition | None]]) -> None:
+        """Functions, methods (directly in a class body, or under its `if`s) and the
+        classes, from `tree_walk.definitions`."""
+        for node, owner in found:
+            if node.__class__ is ast.ClassDef:
+                assert isinstance(node, ast.ClassDef)
+                if owner is None:
+                    self.classes[node.name] = node
+                self._methods.setdefault(node, {})
+                continue
+            assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            self._functions.append(node)
+            if isinstance(owner, ast.ClassDef):
+                self._class_of[node] = owner
+                self._methods.setdefault(owner, {})[node.name] = node
+            elif owner is None:
+                self.toplevel_functions[node.name] = node
 
     def release(self) -> None:
         """Drop the cached facts (they reference the syntax tree)."""

@@ -23,7 +23,7 @@ from torchdoctor.check.analysis.names import (
 from torchdoctor.check.analysis.syntax import dotted, last_part
 from torchdoctor.check.analysis.wrapped import wrapped_functions
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import _SIMPLE_STATEMENTS, child_statements, walk
+from torchdoctor.check.tree_walk import Definition, definitions, walk
 
 if TYPE_CHECKING:
     pass
@@ -68,7 +68,7 @@ class LoopIndex:
         self.top: dict[str, FunctionInfo] = {}  # module-level functions
         self.methods: dict[str, dict[str, FunctionInfo]] = {}  # class -> name -> function
         self.classes: dict[str, ast.ClassDef] = {}
-        self._index(ctx.tree.body, None, None)
+        self._index(ctx.shared("tree_walk.definitions", lambda c: definitions(c.tree.body)))
         # `fast = typechecked(f)`: a call of the name runs `f`; not through a cache, whose
         # result may be a model an earlier caller switched to another mode
         for name, w in wrapped_functions(ctx).items():
@@ -86,30 +86,27 @@ class LoopIndex:
         self._model_lines: list[int] | None = None
         self._sensitive: dict[str, bool | None] = {}
 
-    def _index(
-        self, stmts: list[ast.stmt], cls: ast.ClassDef | None, parent: FunctionInfo | None
-    ) -> None:
-        todo = list(reversed(stmts))  # a stack: statements come off in source order
-        while todo:
-            stmt = todo.pop()
-            if stmt.__class__ in _SIMPLE_STATEMENTS:
-                continue  # most statements: nothing nested (one set lookup)
-            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
-                info = FunctionInfo(self, stmt, stmt.name, cls, parent)
-                self.functions.append(info)
-                if parent is not None:
-                    parent.nested.setdefault(stmt.name, info)
-                elif cls is not None:
-                    self.methods.setdefault(cls.name, {}).setdefault(stmt.name, info)
-                else:
-                    self.top.setdefault(stmt.name, info)
-                self._index(stmt.body, None, info)
-            elif isinstance(stmt, ast.ClassDef):
-                if parent is None and cls is None:
-                    self.classes.setdefault(stmt.name, stmt)
-                self._index(stmt.body, stmt, None)
+    def _index(self, found: list[tuple[Definition, Definition | None]]) -> None:
+        """Functions (nested ones under their parent, methods under their class) and
+        the module-level classes, from `tree_walk.definitions`."""
+        infos: dict[ast.AST, FunctionInfo] = {}
+        for node, owner in found:
+            if node.__class__ is ast.ClassDef:
+                assert isinstance(node, ast.ClassDef)
+                if owner is None:
+                    self.classes.setdefault(node.name, node)
+                continue
+            assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            cls = owner if isinstance(owner, ast.ClassDef) else None
+            parent = infos.get(owner) if owner is not None and cls is None else None
+            info = infos[node] = FunctionInfo(self, node, node.name, cls, parent)
+            self.functions.append(info)
+            if parent is not None:
+                parent.nested.setdefault(node.name, info)
+            elif cls is not None:
+                self.methods.setdefault(cls.name, {}).setdefault(node.name, info)
             else:
-                todo.extend(reversed(child_statements(stmt)))
+                self.top.setdefault(node.name, info)
 
     def all_functions(self) -> list[FunctionInfo]:
         return [self.module, *self.functions]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from torchdoctor.check.analysis.scope_index import binding, calls_on_lines
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk_statements
 
 _PICKLES = frozenset({"pickle.dump", "pickle.dumps", "torch.save", "torch.serialization.save"})
 _PICKLE_NAMES = frozenset(name.rsplit(".", 1)[-1] for name in _PICKLES)
@@ -155,7 +155,7 @@ def _module_class(
         owner = next(
             (
                 c
-                for c in walk(ctx.tree)
+                for c in walk_statements(ctx.tree)
                 if isinstance(c, ast.ClassDef) and any(m is scope for m in c.body)
             ),
             None,

@@ -9,7 +9,7 @@ import ast
 import bisect
 
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import spans_a_line
+from torchdoctor.check.tree_walk import iter_children, spans_a_line
 
 
 class NameUses:
@@ -103,5 +103,5 @@ def _walk_spanning(node: ast.AST, lines: list[int]) -> list[ast.AST]:
         if hasattr(current, "lineno") and not spans_a_line(current, lines):  # type: ignore[arg-type]
             continue
         found.append(current)
-        todo.extend(ast.iter_child_nodes(current))
+        todo.extend(iter_children(current))
     return found

@@ -26,7 +26,7 @@ from torchdoctor.check.analysis.file_loops import sibling_file
 from torchdoctor.check.analysis.scope_index import assignments, binding, calls_on_lines
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.project import SavedFile
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 SAVES = frozenset({"torch.save", "torch.serialization.save"})
 _MODEL_NAME = re.compile(r"model|net|network|\w*_(model|net)", re.IGNORECASE)
@@ -63,7 +63,7 @@ def save_path(call: ast.Call) -> ast.expr | None:
 
 
 def enclosing_class(tree: ast.Module, scope: ast.AST) -> ast.ClassDef | None:
-    for node in walk(tree):
+    for node in walk_statements(tree):
         if isinstance(node, ast.ClassDef) and any(m is scope for m in node.body):
             return node
     return None
@@ -316,7 +316,7 @@ class SavedObjects:
             for a in init.args.args
             if a.annotation is not None
         }
-        for node in walk(init):
+        for node in walk_statements(init):
             if not isinstance(node, ast.Assign) or not any(
                 isinstance(t, ast.Attribute)
                 and isinstance(t.value, ast.Name)

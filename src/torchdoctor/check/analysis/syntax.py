@@ -11,7 +11,7 @@ from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.analysis.torch_api import _NO_GRAD_CONTEXTS, MODULE_ONLY_METHODS
 from torchdoctor.check.analysis.values import AnyFunction, Env
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import iter_children, walk
+from torchdoctor.check.tree_walk import child_fields, iter_children, walk
 
 if TYPE_CHECKING:
     pass
@@ -220,6 +220,12 @@ def _decorated_no_grad(func: AnyFunction, ctx: FileContext) -> bool:
     return any(_is_no_grad_context(dec, ctx) for dec in func.decorator_list)
 
 
+_DEFINITIONS = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef})
+_IMPORTS = frozenset({ast.Import, ast.ImportFrom})
+_DECLARATIONS = frozenset({ast.Global, ast.Nonlocal})
+_NAMED_PATTERNS = frozenset({ast.MatchAs, ast.MatchStar})  # the patterns with a `name`
+
+
 def _local_names(func: AnyFunction) -> frozenset[str]:
     """Names bound in `func`'s own scope (parameters, assignments, imports, defs)."""
     args = func.args
@@ -229,29 +235,41 @@ def _local_names(func: AnyFunction) -> frozenset[str]:
     if args.kwarg:
         names.add(args.kwarg.arg)
     declared_global: set[str] = set()
+    # (run for every function the flow analysis enters: exact classes, the parser makes
+    # no subclasses; operators and contexts are not entered, a name's context is read)
+    table = child_fields(want_operators=False)
     todo: list[ast.AST] = list(func.body)
     while todo:
         node = todo.pop()
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-            todo.extend(getattr(node, "decorator_list", ()))
+        cls = node.__class__
+        if cls is ast.Name:
+            if node.ctx.__class__ is not ast.Load:  # type: ignore[attr-defined]
+                names.add(node.id)  # type: ignore[attr-defined]
             continue
-        if isinstance(node, ast.Lambda):
+        if cls in _DEFINITIONS:
+            names.add(node.name)  # type: ignore[attr-defined]
+            todo.extend(node.decorator_list)  # type: ignore[attr-defined]
             continue
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            names.add(node.id)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
+        if cls is ast.Lambda:
+            continue
+        if cls in _IMPORTS:
+            for alias in node.names:  # type: ignore[attr-defined]
                 names.add(alias.asname or alias.name.split(".", 1)[0])
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            names.add(node.name)
-        elif isinstance(node, ast.Global | ast.Nonlocal):
-            declared_global.update(node.names)
-        else:
-            name = getattr(node, "name", None)
-            if isinstance(name, str) and type(node).__name__.startswith("Match"):
-                names.add(name)
-        todo.extend(iter_children(node))
+        elif cls in _DECLARATIONS:
+            declared_global.update(node.names)  # type: ignore[attr-defined]
+            continue
+        elif (cls is ast.ExceptHandler or cls in _NAMED_PATTERNS) and node.name:  # type: ignore[attr-defined]
+            names.add(node.name)  # type: ignore[attr-defined]
+        fields = table.get(cls)
+        if fields is None:
+            todo.extend(iter_children(node, operators=False))
+            continue
+        for name in fields:
+            value = getattr(node, name, None)
+            if value.__class__ is list:
+                todo.extend(item for item in value if isinstance(item, ast.AST))
+            elif isinstance(value, ast.AST):
+                todo.append(value)
     return frozenset(names - declared_global)
 
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 
 from torchdoctor.check.analysis.values import ScopeNode
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 # the keyword of a `global`/`nonlocal` statement; it counts at the start of a line or
 # after `;` or `:` (the words alone are common in comments and docstrings). A pattern
@@ -66,7 +66,7 @@ def unbindable(
             if _declares(source):
                 tops = node.body if isinstance(node, ast.Module) else [node]
                 for top in tops:
-                    for sub in walk(top):
+                    for sub in walk_statements(top):
                         if isinstance(sub, ast.Global | ast.Nonlocal):
                             declared.update(sub.names)
         return key in declared

@@ -16,7 +16,7 @@ import re
 from torchdoctor.check.analysis.syntax import dotted, last_part
 from torchdoctor.check.analysis.values import Passed, Wrap
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import child_statements, iter_children, walk
+from torchdoctor.check.tree_walk import child_statements, iter_children, walk_statements
 
 WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel", "DDP"})
 # Methods that return the module they are called on (a wrapper stays a wrapper).
@@ -102,7 +102,7 @@ class FileWraps:
         self.top: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         self.scopes: list[Scope] = [ctx.tree]
         self.owner: dict[int, ast.ClassDef] = {}  # id(method) -> its class
-        for node in walk(ctx.tree):
+        for node in walk_statements(ctx.tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 self.scopes.append(node)
             elif isinstance(node, ast.ClassDef):

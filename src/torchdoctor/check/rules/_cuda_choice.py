@@ -9,7 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis.gpu_gates import always_run_calls, calls_cuda_only
-from torchdoctor.check.tree_walk import block_of, walk
+from torchdoctor.check.tree_walk import block_of, walk, walk_statements
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -154,7 +154,9 @@ class CudaChoice:
         about the GPU: test cases, profiler patterns. Its methods only run where the
         check passed."""
         if self._gated_classes is None:
-            classes = {c.name: c for c in walk(self.ctx.tree) if isinstance(c, ast.ClassDef)}
+            classes = {
+                c.name: c for c in walk_statements(self.ctx.tree) if isinstance(c, ast.ClassDef)
+            }
             gated = {
                 name
                 for name, c in classes.items()

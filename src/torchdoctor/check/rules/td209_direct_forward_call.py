@@ -5,7 +5,7 @@ import re
 from typing import TYPE_CHECKING, ClassVar
 
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk_statements
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -146,7 +146,7 @@ class DirectForwardCall(Rule):
         if not isinstance(receiver, ast.Name):
             return False
         scope = self.ctx.enclosing_function() or self.ctx.tree
-        for sub in walk(scope):
+        for sub in walk_statements(scope):
             if not (
                 isinstance(sub, ast.Assign)
                 and isinstance(sub.value, ast.Call)
@@ -167,7 +167,7 @@ class DirectForwardCall(Rule):
         if self._plain is None:
             self._plain = {
                 c.name
-                for c in walk(self.ctx.tree)
+                for c in walk_statements(self.ctx.tree)
                 if isinstance(c, ast.ClassDef)
                 and not any(
                     self.ctx.project.is_module_class_name(self.ctx.qualname(base) or "")

@@ -13,7 +13,7 @@ from torchdoctor.check.analysis.syntax import dotted, findall_at
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._inplace_text import may_write_saved
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 # Ops whose backward reads their own output: autograd saves the result.
 _RESULT_SAVING = frozenset(
@@ -207,7 +207,7 @@ class InplaceOnSavedTensor(Rule):
         """`self.act` -> what the class's assignments make it: "saves" (its output is
         saved), "inplace", "both", "param", "pass" (no parameters), "weights"."""
         layers: dict[str, str] = {}
-        for node in walk(cls):
+        for node in walk_statements(cls):
             if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
                 continue
             name = ctx.qualname(node.value.func) or ""

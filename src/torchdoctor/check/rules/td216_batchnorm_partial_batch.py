@@ -9,7 +9,7 @@ from torchdoctor.check.analysis.text_facts import builds_batchnorm1d
 from torchdoctor.check.analysis.torch_api import LIBRARY
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._unpicklable import Finder
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # DataLoader's positional parameters, in order.
@@ -73,7 +73,7 @@ class BatchNormPartialBatch(Rule):
     def finish(self) -> None:
         if not self._trains_batchnorm():
             return
-        for scope in walk(self.ctx.tree):
+        for scope in walk_statements(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             finder: Finder | None = None
@@ -94,7 +94,9 @@ class BatchNormPartialBatch(Rule):
         if builds_batchnorm1d(self.ctx.source):
             return True
         classes = self.ctx.project.batchnorm_classes
-        return bool(classes) and any(
+        # (a name is spelt in the text: a file that spells none of them calls none)
+        source = self.ctx.source
+        return any(name in source for name in classes) and any(
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
             and node.func.id in classes
@@ -148,12 +150,12 @@ class BatchNormPartialBatch(Rule):
 
     def _self_binding(self, scope: ast.AST, attr: str) -> ast.expr | None:
         """The single value the class of method `scope` assigns to `self.attr`."""
-        for cls in walk(self.ctx.tree):
+        for cls in walk_statements(self.ctx.tree):
             if not (isinstance(cls, ast.ClassDef) and any(m is scope for m in cls.body)):
                 continue
             values = [
                 node.value
-                for node in walk(cls)
+                for node in walk_statements(cls)
                 if isinstance(node, ast.Assign)
                 and any(
                     isinstance(t, ast.Attribute)
@@ -227,7 +229,7 @@ class BatchNormPartialBatch(Rule):
         a part of `random_split(ds, [n1, n2])` (its literal length), or to a
         `TensorDataset` (-1: in memory, a length the code chose)."""
         text = self.ctx.segment(dataset)
-        for node in walk(self.ctx.tree):
+        for node in walk_statements(self.ctx.tree):
             if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
                 continue
             callee = (self.ctx.qualname(node.value.func) or "").rsplit(".", 1)[-1]
@@ -294,7 +296,7 @@ def own_calls_parents(scope: ast.AST, call: ast.Call) -> list[ast.stmt]:
     """The statements of `scope` that hold `call` (an assignment names the loader)."""
     return [
         stmt
-        for stmt in walk(scope)
+        for stmt in walk_statements(scope)
         if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.Return)
         and any(node is call for node in walk(stmt))
     ]

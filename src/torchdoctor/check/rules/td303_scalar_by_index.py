@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -200,20 +200,22 @@ class ScalarByIndex(Rule):
         facts = self._scopes.get(id(scope))
         if facts is None:
             facts = _ScopeFacts()
-            for sub in walk(scope):
+            for sub in walk_statements(scope):
                 if isinstance(sub, ast.Assign):
                     for target in sub.targets:
                         if isinstance(target, ast.Name):
                             facts.assigned.setdefault(target.id, []).append(sub)
-                elif (
-                    isinstance(sub, ast.Call)
-                    and isinstance(sub.func, ast.Attribute)
-                    and sub.func.attr == "backward"
-                    and isinstance(sub.func.value, ast.Name)
-                    and not sub.args
-                    and not any(kw.arg in ("gradient", None) for kw in sub.keywords)
-                ):
-                    facts.backward.add(sub.func.value.id)
+            if "backward" in self.ctx.source:  # else no `.backward()` call to find
+                for sub in walk(scope):
+                    if (
+                        isinstance(sub, ast.Call)
+                        and isinstance(sub.func, ast.Attribute)
+                        and sub.func.attr == "backward"
+                        and isinstance(sub.func.value, ast.Name)
+                        and not sub.args
+                        and not any(kw.arg in ("gradient", None) for kw in sub.keywords)
+                    ):
+                        facts.backward.add(sub.func.value.id)
             self._scopes[id(scope)] = facts
         return facts
 

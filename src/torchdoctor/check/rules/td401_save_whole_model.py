@@ -8,7 +8,7 @@ from torchdoctor.check.analysis.torch_api import MODULE_ONLY_SAVED_METHODS
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 _SAVES = frozenset({"torch.save", "torch.serialization.save"})
 # Methods that return the module itself (or a converted copy of it).
@@ -182,7 +182,7 @@ class SaveWholeModel(Rule):
         if not (_MODEL_NAME.fullmatch(obj.attr) or _MODEL_SUFFIX.search(obj.attr)):
             return None
         text = self.ctx.segment(obj)
-        for sub in walk(self.ctx.tree):
+        for sub in walk_statements(self.ctx.tree):
             if not isinstance(sub, ast.Assign | ast.AnnAssign) or sub.value is None:
                 continue
             targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]

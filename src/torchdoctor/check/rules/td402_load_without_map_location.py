@@ -10,7 +10,7 @@ from torchdoctor.check.analysis.wraps import bound_arguments, parameter_slots
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 # Loaders that unpickle with `torch.load`, and the position of their `map_location`
 # parameter: the hub's download helpers pass theirs straight to `torch.load`.
@@ -199,7 +199,7 @@ class LoadWithoutMapLocation(Rule):
         """`torch.save` calls whose saved value is rooted at `self` or at a parameter of
         the function that saves: state this file does not make."""
         found: set[int] = set()
-        for function in walk(self.ctx.tree):
+        for function in walk_statements(self.ctx.tree):
             if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             params = {a.arg for a in (*function.args.posonlyargs, *function.args.args)}
@@ -346,7 +346,7 @@ class LoadWithoutMapLocation(Rule):
                     and "BytesIO" in self.ctx.segment(arg.annotation)
                 ):
                     return True
-        for sub in walk(scope):
+        for sub in walk_statements(scope):
             if (
                 isinstance(sub, ast.Assign)
                 and isinstance(sub.value, ast.Call)

@@ -17,7 +17,7 @@ from torchdoctor.check.analysis.saved_objects import (
 from torchdoctor.check.analysis.scope_index import binding, calls_on_lines, own_nodes, scope_nodes
 from torchdoctor.check.project import SavedFile
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.tree_walk import spans_a_line, walk
+from torchdoctor.check.tree_walk import spans_a_line, walk_statements
 
 _LOADS = frozenset({"torch.load", "torch.serialization.load"})
 
@@ -106,7 +106,7 @@ class WeightsOnlyLoadOfObjects(Rule):
         # a function none of whose lines names a save or load as a whole word (or an
         # import's alias of one) calls neither: its nodes are not visited
         lines = self.ctx.lines_naming(self.ctx.call_needles(SAVES | _LOADS))
-        for scope in walk(self.ctx.tree):
+        for scope in walk_statements(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             if scope is not self.ctx.tree and not spans_a_line(scope, lines):  # type: ignore[arg-type]

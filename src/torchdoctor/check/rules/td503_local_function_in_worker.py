@@ -7,7 +7,7 @@ from torchdoctor.check.analysis.scope_index import own_calls
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.rules._shipped_datasets import shipped_datasets
 from torchdoctor.check.rules._unpicklable import Finder, Unpicklable, local_functions
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 _FORK = frozenset({"fork"})
@@ -88,7 +88,7 @@ class LocalFunctionInWorker(Rule):
 
     def _loaders(self) -> None:
         """The DataLoaders with workers the file builds, and what they are given."""
-        for scope in walk(self.ctx.tree):
+        for scope in walk_statements(self.ctx.tree):
             if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             finder: Finder | None = None
@@ -100,6 +100,8 @@ class LocalFunctionInWorker(Rule):
                     self._report(node, unpicklable, role)
 
     def _forks_program(self) -> bool:
+        if "set_start_method" not in self.ctx.source:
+            return False  # (a call's name holds the words its text does)
         for node in walk(self.ctx.tree):
             if (
                 isinstance(node, ast.Call)
@@ -134,7 +136,7 @@ class LocalFunctionInWorker(Rule):
         cls = next(
             (
                 c
-                for c in walk(self.ctx.tree)
+                for c in walk_statements(self.ctx.tree)
                 if isinstance(c, ast.ClassDef) and any(m is scope for m in c.body)
             ),
             None,
@@ -191,7 +193,7 @@ class LocalFunctionInWorker(Rule):
                 if not isinstance(method, ast.FunctionDef):
                     continue
                 nested = local_functions(method)
-                for node in walk(method):
+                for node in walk_statements(method):
                     if not isinstance(node, ast.Assign) or not any(
                         isinstance(t, ast.Attribute)
                         and isinstance(t.value, ast.Name)

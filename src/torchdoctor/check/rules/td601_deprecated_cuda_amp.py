@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from torchdoctor.check.lines import line_start
 from torchdoctor.check.rule import Edit, Fix, FixAvailability, Rule, Severity
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 # deprecated name -> (device type, replacement under torch.amp)
 _DEPRECATED: dict[str, tuple[str, str]] = {
@@ -204,7 +204,7 @@ class DeprecatedCudaAmp(Rule):
         """The statement importing the name `root` stands for."""
         if not isinstance(root, ast.Name):
             return None
-        for stmt in walk(self.ctx.tree):
+        for stmt in walk_statements(self.ctx.tree):
             if isinstance(stmt, ast.ImportFrom | ast.Import) and any(
                 (alias.asname or alias.name.split(".", 1)[0]) == root.id for alias in stmt.names
             ):
