@@ -124,7 +124,7 @@ def check_source(
     # The words of the text, found once and shared with the context (the triggers below,
     # the rules). The regex is slow on long files: first a test any spelling of
     # "torchdoctor: noqa" passes, on the distinct words (far shorter than the text; both
-    # words are whole words there, and flake8's own `# noqa` comments are common).
+    # words are whole words there, and flake8's own noqa comments are common).
     chunks = Chunks(source)
     words = chunks.all_words
     word_text = "\n".join(words)
