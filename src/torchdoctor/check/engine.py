@@ -184,8 +184,9 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
 
     def fail(rule: Rule, exc: BaseException, node: ast.AST | None) -> None:
         broken.add(rule.code)
-        for handlers in dispatch.values():
-            handlers[:] = [h for h in handlers if h[0] is not rule]
+        # new lists: a walk reading the old one goes on unchanged (no copy per node)
+        for node_type, handlers in dispatch.items():
+            dispatch[node_type] = [h for h in handlers if h[0] is not rule]
         ctx.findings.append(
             Finding(
                 code="TD900",
@@ -222,7 +223,7 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
             cls = node.__class__
             handlers = dispatch.get(cls)
             if handlers:
-                for rule, visit in tuple(handlers):
+                for rule, visit in handlers:
                     try:
                         visit(node)
                     except Exception as exc:  # reported as TD900, the run goes on

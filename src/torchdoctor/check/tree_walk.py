@@ -139,10 +139,10 @@ def walk(node: ast.AST) -> Iterator[ast.AST]:
     """`ast.walk(node)`: the same nodes in the same (breadth-first) order, faster; a
     statement's or module's walk is made once per file."""
     if not isinstance(node, ast.stmt | ast.Module):
-        return _walk(node)
+        return iter(_walk(node))
     found = _WALKS.get(node)
     if found is None:
-        found = _WALKS[node] = list(_walk(node))
+        found = _WALKS[node] = _walk(node)
     return iter(found)
 
 
@@ -189,10 +189,11 @@ def _walk(
     table: dict[type[ast.AST], tuple[str, ...]] = _ALL_FIELDS,
     irregular: frozenset[type[ast.AST]] = _LISTS_WITH_NON_NODES,
     node_class: type[ast.AST] = ast.AST,
-) -> Iterator[ast.AST]:
+) -> list[ast.AST]:
+    # a list, not a generator: most walks are read to the end, and resuming a generator
+    # per node costs more than the few nodes an early stop saves
     todo = [node]
     for current in todo:  # the list grows while it is read: breadth first
-        yield current
         cls = current.__class__
         fields = table.get(cls)
         if fields is None or cls in irregular:
@@ -204,6 +205,7 @@ def _walk(
                 todo.extend(value)  # these lists hold only nodes
             elif isinstance(value, node_class):
                 todo.append(value)
+    return todo
 
 
 def statement_expressions(stmt: ast.stmt) -> list[ast.AST]:
