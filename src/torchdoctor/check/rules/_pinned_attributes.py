@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from collections.abc import Callable
 
 from torchdoctor.check.analysis.default_path import on_cpu
 from torchdoctor.check.analysis.file_flow import FileFlow
@@ -106,18 +107,32 @@ def pinned_meeting(
         scope = _seeded(ff, method, as_cpu)
         if scope is None:
             continue
-        me = scope.self_name
-        for m in sorted(scope.mismatches, key=lambda m: m.site.lineno):  # type: ignore[attr-defined]
-            held = dotted(accessed_value(m.cpu_node)) or ""
-            if not _follows_module(m):
-                continue
-            if (
-                held == f"{me}.{attr}"
-                or m.attribute == f"{me}.{attr}"
-                or (value.source is not None and m.cpu.source is value.source)
-            ):
-                via = f"; {m.path}" if m.path else ""
-                return method.name, f"line {m.site.lineno}{via}"  # type: ignore[attr-defined]
+        where = attribute_meeting(scope, attr, value, only=_follows_module)
+        if where is not None:
+            return method.name, where
+    return None
+
+
+def attribute_meeting(
+    scope: ScopeFlow,
+    attr: str,
+    value: Value,
+    only: Callable[[Mismatch], bool] = lambda m: True,
+) -> str | None:
+    """ "line N" (and the path inside a call) where `self.attr`, or the tensor `value`
+    it was made as, first meets a tensor of another place in `scope` (meetings `only`)."""
+    me = scope.self_name
+    for m in sorted(scope.mismatches, key=lambda m: m.site.lineno):  # type: ignore[attr-defined]
+        if not only(m):
+            continue
+        held = dotted(accessed_value(m.cpu_node)) or ""
+        if (
+            held == f"{me}.{attr}"
+            or m.attribute == f"{me}.{attr}"
+            or (value.source is not None and m.cpu.source is value.source)
+        ):
+            via = f"; {m.path}" if m.path else ""
+            return f"line {m.site.lineno}{via}"  # type: ignore[attr-defined]
     return None
 
 

@@ -7,10 +7,10 @@ from typing import ClassVar
 from torchdoctor.check.analysis.default_path import default_text
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
-from torchdoctor.check.analysis.syntax import accessed_value, dotted
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Place, Value
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._pinned_attributes import (
+    attribute_meeting,
     construction_device,
     pinned_cpu,
     pinned_meeting,
@@ -271,16 +271,9 @@ def _first_use(
         if not ff.mentions(method, f".{attr}"):
             continue
         scope = ff.scope(method, callers=False)
-        me = scope.self_name
-        if reassigned and scope.seeds.get(f"{me}.{attr}") != value:
+        if reassigned and scope.seeds.get(f"{scope.self_name}.{attr}") != value:
             continue
-        for m in sorted(scope.mismatches, key=lambda m: m.site.lineno):  # type: ignore[attr-defined]
-            held = dotted(accessed_value(m.cpu_node)) or ""
-            if (
-                held == f"{me}.{attr}"
-                or m.attribute == f"{me}.{attr}"
-                or (value.source is not None and m.cpu.source is value.source)
-            ):
-                via = f"; {m.path}" if m.path else ""
-                return method.name, f"line {m.site.lineno}{via}"  # type: ignore[attr-defined]
+        where = attribute_meeting(scope, attr, value)
+        if where is not None:
+            return method.name, where
     return None
