@@ -2,9 +2,10 @@
 
 Rules ask a big file for a hundred needles or more, and a search of the whole text
 for each costs more than the rest of the question. Two things cut it: needles that
-start alike are searched together, by one pattern; and once a file has been searched
-often, the words of each run of lines (a chunk) are kept, so that a needle is searched
-only in the chunks with a word that holds its longest word (`.to(` needs `to`).
+start alike are searched together, by one pattern; and the words of each run of lines
+(a chunk), found in the pass that finds the file's words, say where a needle can be: in
+a file of `FEWEST_CHUNKS` chunks or more, it is searched only in the chunks with a word
+that holds its longest word (`.to(` needs `to`).
 """
 
 from __future__ import annotations

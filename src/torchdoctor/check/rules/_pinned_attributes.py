@@ -24,7 +24,7 @@ from torchdoctor.check.analysis.file_flow import FileFlow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import accessed_value, dotted
 from torchdoctor.check.analysis.values import AnyFunction, Env, Kind, Mismatch, Place, Value
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk_statements
 
 
 def construction_device(ff: FileFlow, makers: list[AnyFunction], value: Value) -> str:
@@ -39,7 +39,7 @@ def construction_device(ff: FileFlow, makers: list[AnyFunction], value: Value) -
     if "is_available" in device:
         return "a CUDA availability test"
     for maker in makers:  # `device = torch.device("cuda" if ... else "cpu")`, `self.device = ...`
-        for stmt in walk(maker):
+        for stmt in walk_statements(maker):
             if (
                 isinstance(stmt, ast.Assign)
                 and len(stmt.targets) == 1

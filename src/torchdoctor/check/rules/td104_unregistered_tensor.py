@@ -184,16 +184,15 @@ class UnregisteredTensor(Rule):
                 seen.add(attr)
                 value = scope.value(stmt.value)
                 helper = "" if maker.name == "__init__" else maker.name
+                final = init.exit_env.get(f"{init.self_name}.{attr}")  # what construction leaves
                 if first and value.place is Place.DEVICE:
                     chosen = construction_device(ff, [maker, init.node], value)  # type: ignore[list-item]
-                    final = init.exit_env.get(f"{init.self_name}.{attr}")
                     if chosen and final == value and not _registered(attr, class_text):
                         pinned[attr] = (stmt, target, value, helper, chosen)
                 if value.kind is not Kind.TENSOR or value.place is not Place.CPU:
                     continue
                 if value.scalar or value.assumed:
                     continue
-                final = init.exit_env.get(f"{init.self_name}.{attr}")
                 if final is None or final.kind is not Kind.TENSOR:
                     continue  # wrapped in a Parameter or replaced later
                 if _registered(attr, class_text):

@@ -12,7 +12,7 @@ from torchdoctor.check.analysis.syntax import dotted, lines_matching
 from torchdoctor.check.analysis.torch_api import FACTORIES, LEGACY_CONSTRUCTORS
 from torchdoctor.check.analysis.values import Kind, Mismatch, Place, ScopeNode, Value
 from torchdoctor.check.rule import Rule, Severity
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk_statements
 
 # Batch fields that are meant to stay on the CPU (pack_padded_sequence wants CPU
 # lengths) or are not tensors at all (file names, ids of samples).
@@ -323,7 +323,7 @@ def _rebinding(loop: ast.stmt, source: ast.Call, node: ast.expr) -> ast.expr:
     """The target the loop binds to the tensor `source` makes (`masks = torch.zeros(n)`),
     named as the use names it; the call itself when not found."""
     text = dotted(node)
-    for stmt in walk(loop):
+    for stmt in walk_statements(loop):
         if isinstance(stmt, ast.Assign) and stmt.value is source:
             for target in stmt.targets:
                 if dotted(target) == text:
