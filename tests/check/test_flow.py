@@ -552,6 +552,24 @@ def test_legacy_tensor_types_move_what_they_retype() -> None:
     assert value_of(sc, "g").place is Place.DEVICE
 
 
+def test_a_tensor_retyped_as_another_goes_where_that_one_is() -> None:
+    sc = scope(
+        """
+        class Net(nn.Module):
+            def forward(self, x):
+                cpu = torch.zeros(4)
+                on_x = torch.zeros(4).type(x.type())
+                held = torch.ones(3).type(cpu.type())
+                return on_x, held, torch.zeros(2).type(self.kind.type())
+        """,
+        "forward",
+    )
+    on_x = value_of(sc, "on_x")
+    assert on_x.place is Place.DEVICE and on_x.device == "x.device"  # where the input is
+    assert value_of(sc, "held").place is Place.CPU
+    assert value_of(sc, "torch.zeros(2).type(self.kind.type())").place is Place.UNKNOWN
+
+
 def test_factories_under_a_default_device_are_not_known_to_be_on_the_cpu() -> None:
     sc = scope(
         """

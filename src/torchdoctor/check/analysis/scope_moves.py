@@ -131,6 +131,11 @@ class ScopeMoves(ScopeLibrary):
             target = (place, text)
         elif is_dtype_text(text) or is_dtype_text(self.ctx.qualname(arg) or ""):
             return None
+        elif (like := _type_name_of(arg)) is not None:
+            # `x.type(y.type())`: y's type name ("torch.cuda.FloatTensor") puts x where y is
+            other = self._peek(like)
+            place = other.place if other.kind in _TENSOR_KINDS else Place.UNKNOWN
+            target = (place, f"{self._text(like)}.device")
         else:
             target = (Place.UNKNOWN, text)  # a type we cannot know: anywhere
         moved = self._move(node, receiver, recv, statement, target)
@@ -312,3 +317,16 @@ class ScopeMoves(ScopeLibrary):
 
 # methods through which a module's own class may move its plain tensor attributes too
 _MOVING_OVERRIDES = frozenset({"_apply", "to", "cuda", "cpu", "type"})
+
+
+def _type_name_of(arg: ast.expr) -> ast.expr | None:
+    """`y` of `y.type()` (the call that names y's tensor type), else None."""
+    if (
+        isinstance(arg, ast.Call)
+        and isinstance(arg.func, ast.Attribute)
+        and arg.func.attr == "type"
+        and not arg.args
+        and not arg.keywords
+    ):
+        return arg.func.value
+    return None

@@ -68,7 +68,7 @@ def pinned_cpu(
     while changed and as_cpu:  # drop what a writer moves, until every writer keeps the rest
         changed = False
         for method in writers:
-            scope = _seeded(ff, method, as_cpu)
+            scope = seeded(ff, method, as_cpu)
             if scope is None:
                 return {}
             for attr in ff.self_attrs_assigned(method) & set(as_cpu):
@@ -79,7 +79,7 @@ def pinned_cpu(
     return as_cpu
 
 
-def _seeded(ff: FileFlow, method: AnyFunction, as_cpu: dict[str, Value]) -> ScopeFlow | None:
+def seeded(ff: FileFlow, method: AnyFunction, as_cpu: dict[str, Value]) -> ScopeFlow | None:
     """`method` analysed with the attributes of `as_cpu` on the CPU."""
     params = [*method.args.posonlyargs, *method.args.args]
     if not params or method.decorator_list:
@@ -104,10 +104,10 @@ def pinned_meeting(
     for method in ordered:
         if not ff.mentions(method, f".{attr}"):
             continue
-        scope = _seeded(ff, method, as_cpu)
+        scope = seeded(ff, method, as_cpu)
         if scope is None:
             continue
-        where = attribute_meeting(scope, attr, value, only=_follows_module)
+        where = attribute_meeting(scope, attr, value, only=follows_module)
         if where is not None:
             return method.name, where
     return None
@@ -136,7 +136,7 @@ def attribute_meeting(
     return None
 
 
-def _follows_module(m: Mismatch) -> bool:
+def follows_module(m: Mismatch) -> bool:
     """The other side is where the module is: an input, a parameter, a module output."""
     other = m.innermost().other if m.inner is not None else m.other
     return other.is_input or other.output or other.kind is Kind.PARAMETER

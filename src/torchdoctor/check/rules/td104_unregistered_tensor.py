@@ -8,6 +8,7 @@ from torchdoctor.check.analysis.default_path import default_text
 from torchdoctor.check.analysis.file_flow import FileFlow, file_flow
 from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Place, Value
+from torchdoctor.check.findings import Fix
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._pinned_attributes import (
     attribute_meeting,
@@ -15,6 +16,7 @@ from torchdoctor.check.rules._pinned_attributes import (
     pinned_cpu,
     pinned_meeting,
 )
+from torchdoctor.check.rules._stale_caches import stale_caches
 from torchdoctor.check.tree_walk import walk
 
 
@@ -40,6 +42,14 @@ class UnregisteredTensor(Rule):
     tensors (`self.coefs = self.inv_A @ self.b`); one re-homed where it is used
     (`self.cache = self.cache.to(x)`) is not.
 
+    A cache counts too: `self.cache = None` in `__init__`, filled by one method with a
+    tensor it makes on its input's device from the input's shape
+    (`torch.arange(n, device=x.device)`), and handed back or used again on a later call
+    without asking where it is (`if self.cache is not None and self.cache.shape ==
+    x.shape: return self.cache`). A cache whose test or key reads a `.device`, state
+    made of the input's data and carried to the next call (streaming), and one another
+    method resets are not reported.
+
     ## Why is this bad?
     `model.to(device)`, `.cuda()` and `.half()` move and convert parameters and
     buffers only. A plain tensor attribute stays on the CPU, so `forward` fails on
@@ -49,7 +59,9 @@ class UnregisteredTensor(Rule):
     A tensor pinned to the device chosen at construction stays there the same way:
     `.cpu()` for inference, `.to("cuda:1")`, each `nn.DataParallel` replica (which gets
     the one on `cuda:0`) or an accelerate device map leaves it behind, and CPU inputs on a
-    GPU machine meet a CUDA tensor.
+    GPU machine meet a CUDA tensor. A cache stays on the device of the input that filled
+    it: a module called once on the CPU (a summary, a smoke test, a trace) and then moved
+    hands a CPU tensor to GPU code.
 
     ## Example
     ```python
@@ -97,6 +109,8 @@ class UnregisteredTensor(Rule):
             # `__init__` and the helpers only it runs (`self._init_state()`)
             helpers = ff.init_helpers(cls)
             makers = [func, *(m for n, m in ff.methods(cls).items() if n in helpers)]
+            if ff.mentions(cls, "= None"):
+                self._check_caches(ff, cls, makers)
             if not any(ff.mentions(m, "torch", "tensor", *self._factories(ff)) for m in makers):
                 continue
             self._check(ff, cls, makers, ff.scope(func, callers=False))
@@ -135,6 +149,20 @@ class UnregisteredTensor(Rule):
             )
         if pinned:
             self._check_pinned(ff, cls, makers, others, pinned)
+
+    def _check_caches(self, ff: FileFlow, cls: ast.ClassDef, makers: list[AnyFunction]) -> None:
+        """Tensor caches reused on any device (_stale_caches.py)."""
+        others = [m for m in ff.methods(cls).values() if m not in makers]
+        for cache in stale_caches(ff, cls, makers, others):
+            message = (
+                f"`self.{cache.attr}` is a plain tensor cache, not a buffer: `{cache.method}` "
+                f"fills it with a tensor on its input's device (line {cache.filled}) and reuses "
+                f"it without asking where it is ({cache.reuse}), so after `model.to(device)`, "
+                "or for an input on another device, it hands back the tensor on the old "
+                f'device; register it with `self.register_buffer("{cache.attr}", None, '
+                "persistent=False)` or recompute it when `.device` differs"
+            )
+            self.report(cache.target, message, fix=self._buffer_fix(cache.slot, cache.target))
 
     def _check_pinned(
         self,
@@ -240,19 +268,22 @@ class UnregisteredTensor(Rule):
             f"({line}); "
             f'register it with `self.register_buffer("{attr}", ..., persistent=False)`'
         )
-        fix = None
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and first:
-            made_text = self.ctx.segment(stmt.value)
-            fix = self.ctx.fix(
-                f"register `{attr}` as a buffer (`persistent=False`)",
-                self.ctx.replace(
-                    stmt,
-                    f'{self.ctx.segment(target.value)}.register_buffer("{attr}", {made_text}, '
-                    "persistent=False)",
-                ),
-                safe=False,
-            )
+        fix = self._buffer_fix(stmt, target) if first else None
         self.report(target, message, fix=fix)
+
+    def _buffer_fix(self, stmt: ast.Assign | ast.AnnAssign, target: ast.Attribute) -> Fix | None:
+        """`self.x = v` rewritten as `self.register_buffer("x", v, persistent=False)`."""
+        if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+            return None
+        return self.ctx.fix(
+            f"register `{target.attr}` as a buffer (`persistent=False`)",
+            self.ctx.replace(
+                stmt,
+                f'{self.ctx.segment(target.value)}.register_buffer("{target.attr}", '
+                f"{self.ctx.segment(stmt.value)}, persistent=False)",
+            ),
+            safe=False,
+        )
 
 
 def _registered(attr: str, class_text: str) -> bool:
