@@ -63,6 +63,7 @@ class FileFlow(FlowSeeds):
         self._foreign_functions: dict[tuple[str, bool], tuple[FileFlow, AnyFunction] | None] = {}
         self._made: dict[AnyFunction, Value] = {}
         self._unseeded: dict[AnyFunction, Value | None] = {}
+        self._analysed: dict[ScopeNode, list[ScopeFlow]] = {}  # (_analysis)
         self._buffers: dict[ast.ClassDef, frozenset[str]] = {}
         self._aliases: dict[ast.ClassDef, dict[str, tuple[AnyFunction, ...]]] = {}
         self._alias_names: dict[ast.ClassDef, frozenset[str]] = {}
@@ -76,6 +77,7 @@ class FileFlow(FlowSeeds):
         self._foreign_functions.clear()
         self._made.clear()
         self._unseeded.clear()
+        self._analysed.clear()
         self._buffers.clear()
         self._aliases.clear()
         self._alias_names.clear()
@@ -107,12 +109,7 @@ class FileFlow(FlowSeeds):
         cut_off = self._cut_off
         self._in_progress.add(node)
         try:
-            seeds = self._seeds(node, depth, callers)
-            twin = self._scopes.get((node, not callers))
-            if twin is not None and twin.seeds == seeds:
-                found = twin  # no call site added anything: the same facts, not run again
-            else:
-                found = ScopeFlow(self, node, seeds=seeds)
+            found = self._analysis(node, self._seeds(node, depth, callers))
         finally:
             self._in_progress.discard(node)
         if not depth or self._cut_off == cut_off:
@@ -264,7 +261,20 @@ class FileFlow(FlowSeeds):
         if func in self._unseeded:
             return self._unseeded[func]
         found = self._unseeded[func] = None  # a recursive call sees nothing
-        found = self._unseeded[func] = ScopeFlow(self, func, seeds={}).returned
+        found = self._unseeded[func] = self._analysis(func, {}).returned
+        return found
+
+    def _analysis(self, node: ScopeNode, seeds: Env) -> ScopeFlow:
+        """`node` analysed from `seeds`, or an earlier analysis of it from equal seeds
+        (the other `callers` setting when no call site added anything, a callee's facts
+        its callers' depth cut short, what `_unseeded_return` read): the same facts, not
+        run again. A few per scope at most (one per way of asking)."""
+        earlier = self._analysed.setdefault(node, [])
+        for scope in earlier:
+            if scope.seeds == seeds:
+                return scope
+        found = ScopeFlow(self, node, seeds=seeds)
+        earlier.append(found)
         return found
 
     def _may_make(self, func: AnyFunction) -> bool:
