@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -22,7 +23,8 @@ def _load(name: str) -> ModuleType:
 
 def _run_then_move(module: ModuleType, cls: str) -> torch.device:
     """The device of what the module hands back after a CPU call and a move to `meta`."""
-    encoding = getattr(module, cls)(8) if cls == "PositionalEncoding" else getattr(module, cls)()
+    sized = cls in ("PositionalEncoding", "Rotary")
+    encoding = getattr(module, cls)(8) if sized else getattr(module, cls)()
     x = torch.ones(2, 5, 8)
     encoding(x)  # fills the cache on the CPU
     encoding.to("meta")
@@ -35,10 +37,16 @@ def test_the_reported_cache_stays_on_the_device_that_filled_it() -> None:
     assert _run_then_move(bad, "PositionalEncoding") == torch.device("cpu")
 
 
+def test_the_reused_rotary_cache_meets_the_moved_input_on_the_cpu() -> None:
+    bad = _load("TD104_stale_cache.py")
+    with pytest.raises(RuntimeError, match="device"):
+        _run_then_move(bad, "Rotary")
+
+
 def test_the_fixed_cache_follows_the_module() -> None:
     fixed = _load("TD104_stale_cache.fixed.py")
-    assert _run_then_move(fixed, "PositionalEncoding").type == "meta"
-    assert _run_then_move(fixed, "Mask").type == "meta"
+    for cls in ("PositionalEncoding", "Mask", "Rotary"):
+        assert _run_then_move(fixed, cls).type == "meta", cls
 
 
 def test_the_quiet_device_keyed_cache_follows_its_input() -> None:

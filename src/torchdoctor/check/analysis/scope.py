@@ -150,6 +150,10 @@ class ScopeFlow(ScopeLoops):
         if not self.is_function and _is_main_guard(stmt.test):
             self._exec_block(stmt.body)  # a script's main block always runs
             return
+        taken = self.branch_taken(stmt)
+        if taken is not None:
+            self._exec_block(stmt.body if taken else stmt.orelse)
+            return
         before = self.env
         assert before is not None
         omitted = self.when_omitted(stmt.test)

@@ -132,6 +132,12 @@ class ScopeCore:
     def device_target(self, target: ast.expr) -> tuple[Place, str] | None:
         raise NotImplementedError
 
+    def branch_taken(self, stmt: ast.If) -> bool | None:
+        """Which branch of `stmt` runs on the one path this analysis follows (None: both,
+        joined). Every path, here; a question asked on one path overrides it
+        (analysis/cache_hit.py)."""
+        return None
+
     def when_omitted(self, test: ast.expr) -> tuple[str, bool] | None:
         """(parameter, the test's truth) where the caller leaves out a None-default
         parameter the scope has not rebound by then (analysis/default_path.py), or

@@ -19,6 +19,7 @@ import ast
 import dataclasses
 from collections.abc import Callable
 
+from torchdoctor.check.analysis.cache_hit import CacheHitScope
 from torchdoctor.check.analysis.default_path import on_cpu
 from torchdoctor.check.analysis.file_flow import FileFlow
 from torchdoctor.check.analysis.scope import ScopeFlow
@@ -79,8 +80,11 @@ def pinned_cpu(
     return as_cpu
 
 
-def seeded(ff: FileFlow, method: AnyFunction, as_cpu: dict[str, Value]) -> ScopeFlow | None:
-    """`method` analysed with the attributes of `as_cpu` on the CPU."""
+def seeded(
+    ff: FileFlow, method: AnyFunction, as_cpu: dict[str, Value], cache_hit: str = ""
+) -> ScopeFlow | None:
+    """`method` analysed with the attributes of `as_cpu` on the CPU (`cache_hit`: on the
+    path where that attribute is not refilled, analysis/cache_hit.py)."""
     params = [*method.args.posonlyargs, *method.args.args]
     if not params or method.decorator_list:
         return None  # a staticmethod, classmethod, property: not read as one
@@ -91,6 +95,8 @@ def seeded(ff: FileFlow, method: AnyFunction, as_cpu: dict[str, Value]) -> Scope
     seeds: Env = dict(ff.scope(method, callers=False).seeds)
     for attr, value in as_cpu.items():
         seeds[f"{me}.{attr}"] = value
+    if cache_hit:
+        return CacheHitScope(ff, method, seeds=seeds, attr=cache_hit)
     return ff.fresh_scope(method, seeds)
 
 

@@ -123,17 +123,18 @@ def _stale_reuse(
     elsewhere = dataclasses.replace(
         store, place=Place.CPU, device="", device_line=0, source=store.source or stmt
     )
-    scope = seeded(ff, method, {attr: elsewhere})
-    if scope is None:
-        return None
-    met = attribute_meeting(scope, attr, elsewhere, only=follows_module)
-    if met is not None:
-        return stmt.lineno, met
-    for ret in walk_statements(method):
-        if isinstance(ret, ast.Return) and ret.value is not None:
-            held = scope.value(ret.value)
-            if held.source is elsewhere.source and held.place is Place.CPU:
-                return stmt.lineno, f"line {ret.lineno} returns it"
+    for path in ("", attr):  # every path joined, then the path that reuses the cache
+        scope = seeded(ff, method, {attr: elsewhere}, cache_hit=path)
+        if scope is None:
+            return None
+        met = attribute_meeting(scope, attr, elsewhere, only=follows_module)
+        if met is not None:
+            return stmt.lineno, met
+        for ret in walk_statements(method):
+            if isinstance(ret, ast.Return) and ret.value is not None:
+                held = scope.value(ret.value)
+                if held.source is elsewhere.source and held.place is Place.CPU:
+                    return stmt.lineno, f"line {ret.lineno} returns it"
     return None
 
 

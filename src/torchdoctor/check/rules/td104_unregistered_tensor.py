@@ -46,7 +46,8 @@ class UnregisteredTensor(Rule):
     tensor it makes on its input's device from the input's shape
     (`torch.arange(n, device=x.device)`), and handed back or used again on a later call
     without asking where it is (`if self.cache is not None and self.cache.shape ==
-    x.shape: return self.cache`). A cache whose test or key reads a `.device`, state
+    x.shape: return self.cache`, or `x * self.cos` after `if self.cos is None or n >
+    self.length:` refills it). A cache whose test or key reads a `.device`, state
     made of the input's data and carried to the next call (streaming), and one another
     method resets are not reported.
 
