@@ -139,15 +139,21 @@ def _stale_reuse(
 
 
 def _reads_device(method: AnyFunction) -> bool:
-    """Whether `method` reads a `.device` other than to make or move a tensor there
-    (`device=x.device`, `.to(x.device)`): a test or key on the device."""
+    """Whether `method` reads a device (`x.device`, `self.cache_device`, a `device`
+    parameter) other than to make or move a tensor there (`device=x.device`,
+    `.to(x.device)`): a test or key on the device."""
     placing: set[int] = set()
     for node in walk(method):
         if isinstance(node, ast.Call):
             placing.update(id(k.value) for k in node.keywords if k.arg == "device")
             if isinstance(node.func, ast.Attribute) and node.func.attr == "to":
                 placing.update(id(a) for a in node.args)
-    return any(
-        isinstance(node, ast.Attribute) and node.attr == "device" and id(node) not in placing
-        for node in walk(method)
-    )
+    for node in walk(method):
+        if id(node) in placing:
+            continue
+        name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+        if isinstance(name, str) and "device" in name.lower():
+            if isinstance(node, ast.Attribute) and id(node.value) in placing:
+                continue
+            return True
+    return False
