@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import gc
 
 import pytest
 
@@ -116,3 +117,24 @@ def test_outcomes_come_in_the_order_of_the_tasks_whatever_the_order_of_checks() 
     tasks = [Task(p, t, ("TD101",)) for p, t in zip(paths, texts, strict=True)]
     outcomes = run_tasks(tasks, project, RunOptions(enabled=frozenset({"TD101"})), 1)
     assert [o.text for o in outcomes] == texts
+
+
+def test_trees_kept_during_a_run_are_frozen_and_only_then() -> None:
+    # (the young collection after each file then does not walk a sibling's tree)
+
+    parsed_trees.keep("a.py", "x = 1\n", ast.parse("x = 1\n"))
+    assert gc.get_freeze_count() == 0  # outside a run
+    parsed_trees.freeze_kept(True)
+    try:
+        parsed_trees.keep("b.py", "y = 2\n", ast.parse("y = 2\n"))
+        assert gc.get_freeze_count() > 0
+    finally:
+        parsed_trees.freeze_kept(False)
+        gc.unfreeze()
+    # a run turns it on for its checks only
+    source = "import torch\nx = torch.zeros(2).cuda()\n"
+    codes = tuple(r.code for r in rule_classes())
+    run_tasks(
+        [Task("c.py", source, codes)], build_project([source]), RunOptions(frozenset(codes)), 1
+    )
+    assert not parsed_trees._freeze_kept and gc.get_freeze_count() == 0

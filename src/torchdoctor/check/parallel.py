@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from torchdoctor.check.analysis.module_paths import recording_siblings
 from torchdoctor.check.engine import RunOptions, check_text, syntax_error_finding
-from torchdoctor.check.parsed_trees import checks_first
+from torchdoctor.check.parsed_trees import checks_first, freeze_kept
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rules_by_code
 from torchdoctor.check.rule import Finding
@@ -141,9 +141,11 @@ def run_tasks(
     # the collector sees them again once the checks are done.
     gc.freeze()
     order = checks_first([task.path for task in tasks])
+    freeze_kept(True)
     try:
         outcomes = _run_tasks([tasks[i] for i in order], project, options, jobs)
     finally:
+        freeze_kept(False)
         gc.unfreeze()
     in_order = list(outcomes)
     for i, outcome in zip(order, outcomes, strict=True):

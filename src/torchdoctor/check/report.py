@@ -103,6 +103,8 @@ def write_text(results: Sequence[FileResult], out: TextIO) -> None:
     style = _Style(use_colour(out))
     entries = catalog()
     for r in results:
+        if not r.findings:
+            continue  # (most files: their text is not split into lines)
         lines = split_lines(r.source) if r.source is not None else []
         for f in r.findings:
             info = entries.get(f.code)
