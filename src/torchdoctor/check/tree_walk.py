@@ -36,7 +36,7 @@ def child_statements(stmt: ast.stmt) -> list[ast.stmt]:
 
 
 Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
-_DEFINITIONS = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef})
+DEFINITIONS = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef})
 
 
 def definitions(
@@ -53,7 +53,7 @@ def definitions(
         cls = stmt.__class__
         if cls in _SIMPLE_STATEMENTS:
             continue  # most statements: nothing nested (one set lookup)
-        if cls in _DEFINITIONS:
+        if cls in DEFINITIONS:
             found.append((stmt, owner))  # type: ignore[arg-type]
             found += definitions(stmt.body, stmt)  # type: ignore[attr-defined,arg-type]
         else:

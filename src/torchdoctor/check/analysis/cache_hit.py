@@ -11,6 +11,7 @@ import ast
 
 from torchdoctor.check.analysis.interfaces import FileFacts
 from torchdoctor.check.analysis.scope import ScopeFlow
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.values import AnyFunction, Env
 from torchdoctor.check.tree_walk import walk_statements
 
@@ -41,6 +42,6 @@ def _assigns(body: list[ast.stmt], key: str) -> bool:
                 targets = stmt.targets
             elif isinstance(stmt, ast.AnnAssign | ast.AugAssign):
                 targets = [stmt.target]
-            if any(ast.unparse(t) == key for t in targets if isinstance(t, ast.Attribute)):
+            if any(dotted(t) == key for t in targets):
                 return True
     return False

@@ -11,7 +11,7 @@ from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.analysis.torch_api import _NO_GRAD_CONTEXTS, MODULE_ONLY_METHODS
 from torchdoctor.check.analysis.values import AnyFunction, Env
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import child_fields, iter_children, walk
+from torchdoctor.check.tree_walk import DEFINITIONS, child_fields, iter_children, walk
 
 if TYPE_CHECKING:
     pass
@@ -220,7 +220,6 @@ def _decorated_no_grad(func: AnyFunction, ctx: FileContext) -> bool:
     return any(_is_no_grad_context(dec, ctx) for dec in func.decorator_list)
 
 
-_DEFINITIONS = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef})
 _IMPORTS = frozenset({ast.Import, ast.ImportFrom})
 _DECLARATIONS = frozenset({ast.Global, ast.Nonlocal})
 _NAMED_PATTERNS = frozenset({ast.MatchAs, ast.MatchStar})  # the patterns with a `name`
@@ -246,7 +245,7 @@ def _local_names(func: AnyFunction) -> frozenset[str]:
             if node.ctx.__class__ is not ast.Load:  # type: ignore[attr-defined]
                 names.add(node.id)  # type: ignore[attr-defined]
             continue
-        if cls in _DEFINITIONS:
+        if cls in DEFINITIONS:
             names.add(node.name)  # type: ignore[attr-defined]
             todo.extend(node.decorator_list)  # type: ignore[attr-defined]
             continue

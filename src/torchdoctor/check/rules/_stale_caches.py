@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from torchdoctor.check.analysis.file_flow import FileFlow
+from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.values import AnyFunction, Kind, Place, Value
 from torchdoctor.check.rules._pinned_attributes import attribute_meeting, follows_module, seeded
 from torchdoctor.check.tree_walk import walk, walk_statements
@@ -53,7 +54,7 @@ def stale_caches(
         stores = _stores(ff, method, attr)
         if not stores:
             continue  # something other than None or a tensor made on the input's device
-        found = _stale_reuse(ff, method, attr, stores)
+        found = _stale_reuse(ff, method, attr, *stores[0])
         if found is not None:
             filled, reuse = found
             yield StaleCache(slot, target, attr, method.name, filled, reuse)
@@ -95,7 +96,7 @@ def _stores(
         if not isinstance(stmt, ast.Assign | ast.AnnAssign) or stmt.value is None:
             continue
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        if not any(ff.ctx.segment(t) == key for t in targets):
+        if not any(dotted(t) == key for t in targets):
             continue
         value = scope.value(stmt.value)
         if value.kind is Kind.NONE:
@@ -110,16 +111,12 @@ def _stores(
 
 
 def _stale_reuse(
-    ff: FileFlow,
-    method: AnyFunction,
-    attr: str,
-    stores: list[tuple[ast.Assign | ast.AnnAssign, Value]],
+    ff: FileFlow, method: AnyFunction, attr: str, stmt: ast.Assign | ast.AnnAssign, store: Value
 ) -> tuple[int, str] | None:
-    """(line filled, where reused) when `method`, run with the cache holding a tensor
-    made on another device, returns it or meets its inputs with it."""
-    if not stores or _reads_device(method):
+    """(line filled, where reused) when `method`, run with the cache holding the tensor
+    `stmt` stores (`store`) made on another device, returns it or meets its inputs with it."""
+    if _reads_device(method):
         return None
-    stmt, store = stores[0]
     elsewhere = dataclasses.replace(
         store, place=Place.CPU, device="", device_line=0, source=store.source or stmt
     )
