@@ -110,11 +110,12 @@ class UnregisteredTensor(Rule):
             # `__init__` and the helpers only it runs (`self._init_state()`)
             helpers = ff.init_helpers(cls)
             makers = [func, *(m for n, m in ff.methods(cls).items() if n in helpers)]
+            others = [m for m in ff.methods(cls).values() if m not in makers]
             if ff.mentions(cls, "= None"):
-                self._check_caches(ff, cls, makers)
+                self._check_caches(ff, cls, makers, others)
             if not any(ff.mentions(m, "torch", "tensor", *self._factories(ff)) for m in makers):
                 continue
-            self._check(ff, cls, makers, ff.scope(func, callers=False))
+            self._check(ff, cls, makers, others, ff.scope(func, callers=False))
 
     def _factories(self, ff: FileFlow) -> tuple[str, ...]:
         """`make_grid(` of the file's functions that may return a tensor they make: a
@@ -130,11 +131,16 @@ class UnregisteredTensor(Rule):
         return found
 
     def _check(
-        self, ff: FileFlow, cls: ast.ClassDef, makers: list[AnyFunction], init: ScopeFlow
+        self,
+        ff: FileFlow,
+        cls: ast.ClassDef,
+        makers: list[AnyFunction],
+        others: list[AnyFunction],
+        init: ScopeFlow,
     ) -> None:
+        """`others`: the class's methods that are not `makers` (`__init__` and its helpers)."""
         if not init.self_name:
             return
-        others = [m for m in ff.methods(cls).values() if m not in makers]
         class_text = ff.text(cls)
         assigned_elsewhere: set[str] = set()
         for method in others:
@@ -151,9 +157,14 @@ class UnregisteredTensor(Rule):
         if pinned:
             self._check_pinned(ff, cls, makers, others, pinned)
 
-    def _check_caches(self, ff: FileFlow, cls: ast.ClassDef, makers: list[AnyFunction]) -> None:
+    def _check_caches(
+        self,
+        ff: FileFlow,
+        cls: ast.ClassDef,
+        makers: list[AnyFunction],
+        others: list[AnyFunction],
+    ) -> None:
         """Tensor caches reused on any device (_stale_caches.py)."""
-        others = [m for m in ff.methods(cls).values() if m not in makers]
         for cache in stale_caches(ff, cls, makers, others):
             message = (
                 f"`self.{cache.attr}` is a plain tensor cache, not a buffer: `{cache.method}` "
