@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.analysis import distributions
@@ -207,8 +208,7 @@ class ScopeExprs(ScopeCore):
     def _eval_tuple(self, node: ast.expr) -> Value:
         assert isinstance(node, ast.Tuple | ast.List | ast.Set)
         if _numbers_only(node.elts):  # a data table: nothing to follow, skip the walk
-            unknowns = (UNKNOWN,) * len(node.elts)
-            return Value(Kind.CONTAINER, UNKNOWN.place, items=unknowns, element=UNKNOWN)
+            return _numbers_row(len(node.elts))
         items = []
         starred = False
         for elt in node.elts:
@@ -405,7 +405,22 @@ class ScopeExprs(ScopeCore):
 
 def _numbers_only(elts: list[ast.expr]) -> bool:
     """Literal numbers (each evaluates to UNKNOWN; only strings and None carry facts).
-    Any length but none: a generated table's rows are short (`(2, 8, 1, 4)`)."""
-    return bool(elts) and all(
-        isinstance(e, ast.Constant) and isinstance(e.value, int | float | complex) for e in elts
-    )
+    Any length but none: a generated table's rows are short (`(2, 8, 1, 4)`). (Exact
+    classes: the parser makes no subclass of them; a table's rows are ~27,000 a file.)"""
+    if not elts:
+        return False
+    for e in elts:
+        if e.__class__ is not ast.Constant or e.value.__class__ not in _NUMBER_CLASSES:
+            return False
+    return True
+
+
+_NUMBER_CLASSES = frozenset({int, float, complex, bool})
+
+
+@functools.lru_cache(maxsize=64)
+def _numbers_row(length: int) -> Value:
+    """The value of a literal row of `length` numbers: one shared object per length
+    (values are immutable), so a table's rows are neither built nor compared field by
+    field when its dict joins them."""
+    return Value(Kind.CONTAINER, UNKNOWN.place, items=(UNKNOWN,) * length, element=UNKNOWN)
