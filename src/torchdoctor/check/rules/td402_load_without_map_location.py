@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from torchdoctor.check.analysis.cpu_saves import (
     file_saves,
+    loads_cpu_saved_state,
     opened_path,
     saved_on_cpu,
 )
@@ -61,7 +62,8 @@ class LoadWithoutMapLocation(Rule):
     result goes to `torch.from_numpy`), a `GradScaler`'s state (floats and ints), and
     files the project itself writes from the CPU. A save writes CPU tensors when its
     value is brought there (`x.cpu()`, `model.cpu().state_dict()`, a name bound to
-    such a value; FSDP's `offload_to_cpu=True`), or when the saving file never names
+    such a value, a model whose last move before the save is `model.eval().cpu()`;
+    FSDP's `offload_to_cpu=True`), or when the saving file never names
     an accelerator (no `cuda`, `device`, `.to(`...: a CPU-only lesson, a dataset
     caching what it read) and the value is made there, not handed in (`self`'s state
     or a parameter may be on a GPU code elsewhere moved it to). The saves are matched
@@ -71,7 +73,9 @@ class LoadWithoutMapLocation(Rule):
     file writes no such file, in every file of the project (`train.py` saves
     `"model.pt"`, `predict.py` loads it). Every save matched must be on the CPU. A
     path parameter counts when every call of its function in the file passes such a
-    file (`load_checkpoint("checkpoint.pth")`). And
+    file (`load_checkpoint("checkpoint.pth")`). A state dict loaded into a `Net()`
+    (`net.load_state_dict(state)`) counts when this file saves `state_dict()`s of
+    `Net`s, and all of them from the CPU: its checkpoints of that model. And
     loads in tests that never run without a GPU: under `@require_torch_gpu`,
     `@require_torch_accelerator`, `@unittest.skipIf(not torch.cuda.is_available(),
     ...)` and the like, on the test or its class; and loads that run only where
@@ -147,6 +151,7 @@ class LoadWithoutMapLocation(Rule):
             or self._test_reads_its_temp_files()
             or runs_only_with_gpu(self.ctx, node)
             or self._every_caller_passes_such(source)
+            or self._state_saved_on_cpu(node)
         ):
             return
         last = max(
@@ -232,6 +237,10 @@ class LoadWithoutMapLocation(Rule):
         here = os.path.abspath(ctx.path)
         facts = [f for f in ctx.project.saved_files_for(keys) if os.path.abspath(f.path) != here]
         return bool(facts) and all(f.cpu for f in facts)
+
+    def _state_saved_on_cpu(self, load: ast.Call) -> bool:
+        parent = self.ctx.stack[-1] if self.ctx.stack else None
+        return parent is not None and loads_cpu_saved_state(self.ctx, self._scope(), load, parent)
 
     def _caches(self, load: ast.Call, source: ast.expr) -> bool:
         """A cache: the load runs where the file exists (`if os.path.exists(path):`), and
