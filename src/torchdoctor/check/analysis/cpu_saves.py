@@ -81,11 +81,11 @@ def saved_on_cpu(ctx: FileContext, scope: ast.AST, call: ast.Call) -> bool:
     value = call.args[0] if call.args else _keyword(call, "obj")
     if value is None:
         return False
-    if ".cpu()" in ctx.segment(value):
+    if brought_to_cpu(value):
         return True
     if isinstance(value, ast.Name):
         bound = binding(ctx, scope, value.id, call.lineno)
-        if bound is not None and ".cpu()" in ctx.segment(bound):
+        if bound is not None and brought_to_cpu(bound):
             return True  # `state = model.cpu().state_dict()`
     if _moved_to_cpu_before(ctx, scope, root_name(value), call.lineno):
         return True
@@ -96,6 +96,39 @@ def saved_on_cpu(ctx: FileContext, scope: ast.AST, call: ast.Call) -> bool:
         args = scope.args
         handed |= {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
     return root_name(value) not in handed
+
+
+def brought_to_cpu(node: ast.expr) -> bool:
+    """`node`'s tensors are all on the CPU by its own text: the last move of its call
+    chain is to the CPU (`x.detach().cpu()`, `model.cpu().state_dict()`), or it is a
+    container whose every item is that or a literal (`{"w": w.cpu(), "step": 3}`,
+    `{k: v.cpu() for k, v in sd.items()}`). A `.cpu()` elsewhere in it proves nothing
+    (`{"model": model.state_dict(), "loss": loss.cpu()}`)."""
+    if isinstance(node, ast.Dict):
+        return bool(node.values) and all(_item_on_cpu(v) for v in node.values)
+    if isinstance(node, ast.List | ast.Tuple):
+        return bool(node.elts) and all(_item_on_cpu(e) for e in node.elts)
+    if isinstance(node, ast.DictComp):
+        return brought_to_cpu(node.value)
+    if isinstance(node, ast.ListComp | ast.GeneratorExp):
+        return brought_to_cpu(node.elt)
+    return _last_move(node) == "cpu"
+
+
+def _item_on_cpu(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) or brought_to_cpu(node)
+
+
+def _last_move(call: ast.expr) -> str:
+    """The outermost device move of a call chain: "cpu" or "other"."""
+    while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+        attr = call.func.attr
+        if attr == "cpu" or (attr == "to" and call.args and _is_cpu(call.args[0])):
+            return "cpu"
+        if attr in ("cuda", "to"):
+            return "other"
+        call = call.func.value
+    return ""
 
 
 def loads_cpu_saved_state(
