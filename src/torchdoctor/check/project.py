@@ -148,12 +148,13 @@ class LossCall:
 
 @dataclass(frozen=True)
 class SavedFile:
-    """One `torch.save` of the project that writes a non-tensor object (TD406)."""
+    """One `torch.save` of the project to a named file (TD406, TD402)."""
 
     key: str  # the file name it writes (analysis/saved_objects.file_keys)
     path: str
     line: int
-    what: str  # "a NumPy array (`.to_numpy()`)"
+    what: str  # the non-tensor object it writes, "a NumPy array (`.to_numpy()`)", or ""
+    cpu: bool = False  # it writes CPU tensors only (analysis/cpu_saves.saved_on_cpu)
 
 
 def _module_parts(path: str) -> list[str]:
@@ -227,7 +228,8 @@ class ProjectIndex:
     _called: dict[str, dict[str, bool]] = field(default_factory=dict, repr=False, compare=False)
     # The files whose text holds a `torch.save`, (path, text). Each is analysed
     # (`saves_build`, analysis/saved_objects.project_saves) only when a file loads a file
-    # name it does not write itself and the text holds that name (`saved_files_for`; TD406).
+    # name it does not write itself and the text holds that name (`saved_files_for`;
+    # TD406 asks what objects it writes, TD402 whether it writes CPU tensors only).
     saving_files: tuple[tuple[str, str], ...] = ()
     saves_build: Callable[[ProjectIndex, str, str], tuple[SavedFile, ...]] | None = None
     saves_digest: str = ""  # of the saving files (the cache fingerprint)
@@ -367,8 +369,7 @@ class ProjectIndex:
         return tuple(found)
 
     def saved_files_for(self, keys: Iterable[str]) -> tuple[SavedFile, ...]:
-        """The saves of the project that write a non-tensor object to a file one of
-        `keys` names."""
+        """The saves of the project to a file one of `keys` names."""
         wanted = set(keys)
         if not wanted or self.saves_build is None:
             return ()

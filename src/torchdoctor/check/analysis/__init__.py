@@ -138,6 +138,9 @@ interpreters see the per-file objects above them only through protocols):
 - `saved_objects` what a `torch.save` writes (NumPy arrays, namespaces, objects of the
                   project's classes) and a key for the file name, matched with loads in
                   other files (`ProjectIndex.saved_files_for`, built on demand; TD406)
+- `cpu_saves`     whether a `torch.save` writes CPU tensors only (`x.cpu()`, or made in a
+                  file that never names an accelerator), and the file it writes (through
+                  `with open(path, "wb") as f`); recorded per save across files (TD402)
 - `gpu_gates`     code that runs only where a GPU is (skip decorators on a test or its
                   class) or needs one anyway (GPU-only packages, torch.cuda APIs)
 - `names`, `grad_contexts`, `events`, `functions`, `event_collector`: training-loop

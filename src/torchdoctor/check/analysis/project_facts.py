@@ -270,8 +270,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             generic.append((path, source))
         if may_pickle_modules(source):
             pickling.append((path, source))
-        # (a file that registers safe globals saves what its loads may read)
-        if "save(" in source and "safe_globals" not in source and _SAVES.search(source):
+        if "save(" in source and _SAVES.search(source):
             saving.append((path, source))
         if may_hand_losses(source):
             losses.append((path, source))

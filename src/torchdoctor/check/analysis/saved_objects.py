@@ -22,13 +22,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from torchdoctor.check.analysis.cpu_saves import file_saves, saved_on_cpu
 from torchdoctor.check.analysis.file_loops import sibling_file
-from torchdoctor.check.analysis.scope_index import assignments, binding, calls_on_lines
+from torchdoctor.check.analysis.scope_index import assignments, binding
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.project import SavedFile
 from torchdoctor.check.tree_walk import walk, walk_statements
 
-SAVES = frozenset({"torch.save", "torch.serialization.save"})
 _MODEL_NAME = re.compile(r"model|net|network|\w*_(model|net)", re.IGNORECASE)
 _MODULE_METHODS = frozenset({"cpu", "to", "cuda", "eval", "half", "float", "module"})
 # Packages whose classes an annotation may name that are not the project's.
@@ -114,6 +114,35 @@ def file_keys(ctx: FileContext, scope: ast.AST, path: ast.expr, line: int) -> fr
     return frozenset()
 
 
+def same_file(saved: ast.AST, loaded: ast.AST) -> bool:
+    """The two file expressions name the same file: written alike, where a formatted
+    name read back may stand for a literal one written (`cache / f"{tag}_data"` reads
+    what `cache / "train_data"` wrote)."""
+    if isinstance(loaded, ast.JoinedStr) and isinstance(saved, ast.Constant):
+        return isinstance(saved.value, str) and _template(loaded).fullmatch(saved.value) is not None
+    if type(saved) is not type(loaded):
+        return False
+    if isinstance(saved, ast.Constant):  # (not ast.dump: its recursive closure is a cycle)
+        value = loaded.value  # type: ignore[attr-defined]
+        return type(saved.value) is type(value) and saved.value == value
+    for (_, a), (_, b) in zip(ast.iter_fields(saved), ast.iter_fields(loaded), strict=True):
+        if isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b) or not all(map(same_file, a, b)):
+                return False
+        elif isinstance(a, ast.AST) and isinstance(b, ast.AST):
+            if not same_file(a, b):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def _template(text: ast.JoinedStr) -> re.Pattern[str]:
+    """The names an f-string can give: its literal parts, anything for each field."""
+    parts = [re.escape(str(v.value)) if isinstance(v, ast.Constant) else ".+" for v in text.values]
+    return re.compile("".join(parts), re.DOTALL)
+
+
 def _module_string(tree: ast.Module, name: str) -> str | None:
     for stmt in tree.body:
         if (
@@ -127,18 +156,20 @@ def _module_string(tree: ast.Module, name: str) -> str | None:
 
 
 def project_saves(ctx: FileContext) -> tuple[SavedFile, ...]:
-    """The saves of the file that write a non-tensor object to a file named by a key."""
+    """The saves of the file to a file named by a key: the non-tensor object each
+    writes, if one (none where the file registers safe globals: its loads may read
+    them), and whether it writes CPU tensors only (`cpu_saves.saved_on_cpu`)."""
     reader = SavedObjects(ctx)
+    safe = "safe_globals" in ctx.source
     found: list[SavedFile] = []
-    for scope, call in calls_on_lines(ctx, ctx.lines_holding(["save"]), spanning=True):
-        if ctx.call_name_in(call, SAVES) is None:
+    for scope, call, path in file_saves(ctx):
+        keys = file_keys(ctx, scope, path, call.lineno)
+        if not keys:
             continue
-        path = save_path(call)
-        save = reader.save(call, scope)
-        if path is None or save is None or save.whole is None:
-            continue
-        for key in file_keys(ctx, scope, path, call.lineno):
-            found.append(SavedFile(key, ctx.path, call.lineno, save.whole))
+        save = None if safe else reader.save(call, scope)
+        what = save.whole if save is not None and save.whole is not None else ""
+        cpu = saved_on_cpu(ctx, scope, call)
+        found.extend(SavedFile(key, ctx.path, call.lineno, what, cpu) for key in keys)
     return tuple(found)
 
 

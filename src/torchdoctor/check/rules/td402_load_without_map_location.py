@@ -1,11 +1,20 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.cpu_saves import (
+    file_saves,
+    loads_cpu_saved_state,
+    opened_path,
+    saved_on_cpu,
+)
 from torchdoctor.check.analysis.gpu_gates import runs_only_with_gpu
 from torchdoctor.check.analysis.names import is_test_file
+from torchdoctor.check.analysis.saved_objects import file_keys, same_file
+from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.analysis.wraps import bound_arguments, parameter_slots
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
@@ -23,9 +32,6 @@ _MAP_LOCATION_AT = {
 }
 _TORCH_LOAD = frozenset(_MAP_LOCATION_AT)
 _URL_LOADS = ("load_state_dict_from_url", "load_url")
-# Words of a file that may run on, or write from, an accelerator. A file with none of
-# them never touches a GPU: what it saves holds CPU tensors.
-_ACCELERATOR = re.compile(r"cuda|device|gpu|accel|\bmps\b|xla|\.to\(", re.IGNORECASE)
 # A temporary folder: fresh for each run, so what a test reads from it this run wrote.
 _TEMP = re.compile(r"\b(tmp_path\w*|tmpdir\w*|tempfile|TemporaryDirectory|mkdtemp|mktemp)\b")
 _TEMP_PARAMETERS = frozenset({"tmp_path", "tmpdir", "tmp_dir", "dirname", "temp_dir"})
@@ -45,16 +51,31 @@ class LoadWithoutMapLocation(Rule):
 
     Loads that cannot hit the problem are left alone: a round trip that
     `torch.save`s to the same file or buffer earlier in the same function (the
-    saving device is this machine's), and loads from in-memory `io.BytesIO`
+    saving device is this machine's), a cache (the load runs under
+    `if os.path.exists(path):` and the other branch computes the value and saves it to
+    `path`), and loads from in-memory `io.BytesIO`
     buffers, which hold bytes the program produced itself (pickling, RPC, archive
     members) and whose devices it means to restore. In a notebook, which runs its cells
     top to bottom in one session, so is a file an earlier cell wrote (`torch.save`,
     `trainer.save_checkpoint`, or into the folder of a `ModelCheckpoint`/`DiskSaver`).
-    So are loads of what holds no GPU tensors, as the file shows: files this file
-    saves on the CPU (FSDP's
-    `offload_to_cpu=True`, `torch.save(x.cpu(), path)` to the same file name, any
-    save to it in a file that never names an accelerator), NumPy arrays (the result
-    goes to `torch.from_numpy`) and a `GradScaler`'s state (floats and ints). And
+    So are loads of what holds no GPU tensors, as the file shows: NumPy arrays (the
+    result goes to `torch.from_numpy`), a `GradScaler`'s state (floats and ints), and
+    files the project itself writes from the CPU. A save writes CPU tensors when its
+    value is brought there (`x.cpu()`, `model.cpu().state_dict()`, a name bound to
+    such a value, a model whose last move before the save is `model.eval().cpu()`;
+    FSDP's `offload_to_cpu=True`), or when the saving file never names
+    an accelerator (no `cuda`, `device`, `.to(`...: a CPU-only lesson, a dataset
+    caching what it read) and the value is made there, not handed in (`self`'s state
+    or a parameter may be on a GPU code elsewhere moved it to). The saves are matched
+    with the load by the file: the same file expression (`with open(path, "wb") as f:
+    torch.save(x, f)` writes `path`), the same literal file name, the same shared
+    constant (`os.path.join(out, FILES.STATE)`); first in this file, and if this
+    file writes no such file, in every file of the project (`train.py` saves
+    `"model.pt"`, `predict.py` loads it). Every save matched must be on the CPU. A
+    path parameter counts when every call of its function in the file passes such a
+    file (`load_checkpoint("checkpoint.pth")`). A state dict loaded into a `Net()`
+    (`net.load_state_dict(state)`) counts when this file saves `state_dict()`s of
+    `Net`s, and all of them from the CPU: its checkpoints of that model. And
     loads in tests that never run without a GPU: under `@require_torch_gpu`,
     `@require_torch_accelerator`, `@unittest.skipIf(not torch.cuda.is_available(),
     ...)` and the like, on the test or its class; and loads that run only where
@@ -124,11 +145,13 @@ class LoadWithoutMapLocation(Rule):
         if (
             self._in_memory(source)
             or self._saved_here(source)
+            or self._caches(node, source)
             or self._holds_no_device_tensors(node)
-            or self._saved_from_cpu(source)
+            or self._written_on_cpu(source, node.lineno)
             or self._test_reads_its_temp_files()
-            or self._notebook_wrote_it(node, source)
             or runs_only_with_gpu(self.ctx, node)
+            or self._every_caller_passes_such(source)
+            or self._state_saved_on_cpu(node)
         ):
             return
         last = max(
@@ -171,48 +194,100 @@ class LoadWithoutMapLocation(Rule):
 
     def _saved_from_cpu(self, source: ast.expr) -> bool:
         """This file saves the tensors it reads back on the CPU: with FSDP's
-        `offload_to_cpu=True`, or `torch.save(x.cpu(), path)` to the same path (the
-        same expression, or the same file name), or any save to it, of what this file
-        makes, in a file that never names an accelerator (a CPU-only lesson, a dataset
-        caching what it read). A module's own state (`self.state_dict()`) or an object
-        handed in (a parameter) may be on a GPU that code elsewhere moved it to."""
+        `offload_to_cpu=True`, or a save to the same path (the same expression, or a
+        file name the path holds) that `cpu_saves.saved_on_cpu` shows."""
         if _CPU_SAVES.search(self.ctx.source):
             return True
-        cpu_only = _ACCELERATOR.search(self.ctx.source) is None
         names = _file_names(source) or {self.ctx.segment(source)}
-        outside = self._handed_in_saves() if cpu_only else set()
-        for sub in walk(self.ctx.tree):
+        return any(
+            names & (_file_names(written) or {self.ctx.segment(written)})
+            and saved_on_cpu(self.ctx, scope, call)
+            for scope, call, written in file_saves(self.ctx)
+        )
+
+    def _written_on_cpu(self, source: ast.expr, line: int) -> bool:
+        """What the file `source` names (read at `line`) holds was written on this
+        machine or from the CPU, as the saves of this file or of the project show."""
+        return (
+            self._saved_from_cpu(source)
+            or self._every_save_on_cpu(source, line)
+            or self._notebook_wrote_it(line, source)
+        )
+
+    def _every_save_on_cpu(self, source: ast.expr, line: int) -> bool:
+        """Every save of this file to the file `source` names (the same file expression,
+        through `with open(path, "wb") as f`, or the same file key: a shared constant, a
+        literal file name), or if this file writes none, every save of the project to it
+        (`ProjectIndex.saved_files_for`), writes CPU tensors only
+        (`cpu_saves.saved_on_cpu`): the project writes that file, and from the CPU."""
+        ctx = self.ctx
+        scope = self._scope()
+        path = opened_path(ctx, scope, source)
+        keys = file_keys(ctx, scope, path, line)
+        # a bare local name of another function is another file (`path` parameters)
+        local = isinstance(path, ast.Name) and scope is not ctx.tree
+        matched = [
+            (where, call)
+            for where, call, written in file_saves(ctx)
+            if (same_file(written, path) and (where is scope or not local))
+            or (keys and keys & file_keys(ctx, where, written, call.lineno))
+        ]
+        if matched:
+            return all(saved_on_cpu(ctx, where, call) for where, call in matched)
+        here = os.path.abspath(ctx.path)
+        facts = [f for f in ctx.project.saved_files_for(keys) if os.path.abspath(f.path) != here]
+        return bool(facts) and all(f.cpu for f in facts)
+
+    def _state_saved_on_cpu(self, load: ast.Call) -> bool:
+        parent = self.ctx.stack[-1] if self.ctx.stack else None
+        return parent is not None and loads_cpu_saved_state(self.ctx, self._scope(), load, parent)
+
+    def _caches(self, load: ast.Call, source: ast.expr) -> bool:
+        """A cache: the load runs where the file exists (`if os.path.exists(path):`), and
+        the other branch computes the value and `torch.save`s it to that very file. What
+        it reads, this program wrote on this machine."""
+        inner: ast.AST = load
+        for parent in reversed(self.ctx.stack):
+            if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                return False
             if (
-                isinstance(sub, ast.Call)
-                and len(sub.args) >= 2
-                and self.ctx.call_name(sub) == "torch.save"
-                and (
-                    (cpu_only and id(sub) not in outside)
-                    or ".cpu()" in self.ctx.segment(sub.args[0])
-                )
-                and names & (_file_names(sub.args[1]) or {self.ctx.segment(sub.args[1])})
+                isinstance(parent, ast.If)
+                and any(inner is s for s in parent.body)
+                and _tests_existence(parent.test, source)
             ):
-                return True
+                return any(
+                    isinstance(sub, ast.Call)
+                    and len(sub.args) >= 2
+                    and self.ctx.call_name(sub) == "torch.save"
+                    and same_file(sub.args[1], source)
+                    for statement in parent.orelse
+                    for sub in walk(statement)
+                )
+            inner = parent
         return False
 
-    def _handed_in_saves(self) -> set[int]:
-        """`torch.save` calls whose saved value is rooted at `self` or at a parameter of
-        the function that saves: state this file does not make."""
-        found: set[int] = set()
-        for function in walk_statements(self.ctx.tree):
-            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            params = {a.arg for a in (*function.args.posonlyargs, *function.args.args)}
-            params |= {a.arg for a in function.args.kwonlyargs}
-            for sub in walk(function):
-                if (
-                    isinstance(sub, ast.Call)
-                    and sub.args
-                    and self.ctx.call_name(sub) == "torch.save"
-                    and _root_name(sub.args[0]) in params | {"self"}
-                ):
-                    found.add(id(sub))
-        return found
+    def _every_caller_passes_such(self, source: ast.expr) -> bool:
+        """A parameter of a function of this file whose every call in the file passes a
+        file written on this machine or from the CPU (`load_checkpoint("ckpt.pth")` of a
+        notebook whose earlier cell saved `ckpt.pth`)."""
+        function = self.ctx.enclosing_function()
+        if (
+            not isinstance(source, ast.Name)
+            or function is None
+            or not any(function is s for s in self.ctx.tree.body)
+        ):
+            return False
+        params = parameter_slots(function, method=False)
+        if source.id not in params:
+            return False
+        passed: list[ast.expr] = []
+        for _, call in calls_on_lines(self.ctx, self.ctx.lines_naming([function.name])):
+            if isinstance(call.func, ast.Name) and call.func.id == function.name:
+                found = dict(bound_arguments(call, params)).get(source.id)
+                if not isinstance(found, ast.Constant):
+                    return False  # a path made elsewhere, or not passed
+                passed.append(found)
+        return bool(passed) and all(self._written_on_cpu(p, p.lineno) for p in passed)
 
     def _test_reads_its_temp_files(self) -> bool:
         """A test that works in a temporary folder (its own, or a fixture's of this file
@@ -230,16 +305,16 @@ class LoadWithoutMapLocation(Rule):
             for sub in self.ctx.tree.body
         )
 
-    def _notebook_wrote_it(self, load: ast.Call, source: ast.expr) -> bool:
+    def _notebook_wrote_it(self, line: int, source: ast.expr) -> bool:
         """A notebook runs its cells top to bottom in one session: a file that an earlier
         cell writes (`torch.save`, `trainer.save_checkpoint`, or a checkpoint handler's
         folder) is read back on the machine that wrote it."""
         if not self.ctx.path.endswith(".ipynb"):
             return False
-        names, strings = self._path_parts(source, load.lineno)
+        names, strings = self._path_parts(source, line)
         files = {s.rsplit("/", 1)[-1] for s in strings if "." in s.rsplit("/", 1)[-1]}
         for sub in walk(self.ctx.tree):
-            if not isinstance(sub, ast.Call) or sub.lineno >= load.lineno:
+            if not isinstance(sub, ast.Call) or sub.lineno >= line:
                 continue
             written, folder = self._written_path(sub)
             if written is None:
@@ -377,11 +452,19 @@ def _keyword(call: ast.Call, *names: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg in names), None)
 
 
-def _root_name(node: ast.expr) -> str:
-    """`self` for `self.model.state_dict()`, `obj` for `obj`."""
-    while isinstance(node, ast.Attribute | ast.Call | ast.Subscript):
-        node = node.func if isinstance(node, ast.Call) else node.value
-    return node.id if isinstance(node, ast.Name) else ""
+def _tests_existence(test: ast.expr, path: ast.expr) -> bool:
+    """`os.path.exists(path)`, `os.path.isfile(path)`, `Path(path).exists()`,
+    `path.is_file()`: the test holds where the file `path` is there."""
+    if not isinstance(test, ast.Call) or not isinstance(test.func, ast.Attribute):
+        return False
+    if test.func.attr not in ("exists", "isfile", "is_file"):
+        return False
+    if test.args:
+        return same_file(test.args[0], path)
+    owner = test.func.value
+    if isinstance(owner, ast.Call) and len(owner.args) == 1:
+        owner = owner.args[0]  # `Path(path).exists()`
+    return same_file(owner, path)
 
 
 def _file_names(path: ast.expr) -> set[str]:

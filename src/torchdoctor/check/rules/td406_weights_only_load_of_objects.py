@@ -2,16 +2,16 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.cpu_saves import SAVES
 from torchdoctor.check.analysis.saved_objects import (
-    SAVES,
     Save,
     SavedObjects,
     enclosing_class,
     file_keys,
     keyword,
+    same_file,
     save_path,
 )
 from torchdoctor.check.analysis.scope_index import binding, calls_on_lines, own_nodes, scope_nodes
@@ -160,10 +160,10 @@ class WeightsOnlyLoadOfObjects(Rule):
                 self._report(load, save.call.lineno, save.whole or "", how)
                 return True
         for save in saves:
-            if not local and _same_file(save.path_node, source):
+            if not local and same_file(save.path_node, source):
                 self._report(load, save.call.lineno, save.whole or "", f"to `{save.path}`")
                 return True
-        if any(_same_file(w[3], source) for w in self.written) and not local:
+        if any(same_file(w[3], source) for w in self.written) and not local:
             return True  # written here with plain data only
         read = self._keys_read(load, scope)
         for save in saves:
@@ -190,7 +190,7 @@ class WeightsOnlyLoadOfObjects(Rule):
             return  # no name to match, or this file writes that name itself
         folder = os.path.dirname(os.path.abspath(self.ctx.path))
         for fact in sorted(self.ctx.project.saved_files_for(keys), key=_order):
-            if os.path.abspath(fact.path) == os.path.abspath(self.ctx.path):
+            if not fact.what or os.path.abspath(fact.path) == os.path.abspath(self.ctx.path):
                 continue
             if fact.key.startswith("lit:") and os.path.dirname(os.path.abspath(fact.path)) != (
                 folder
@@ -252,35 +252,6 @@ def _default_load(call: ast.Call) -> bool:
 
 def _order(fact: SavedFile) -> tuple[str, int]:
     return (fact.path, fact.line)
-
-
-def _same_file(saved: ast.AST, loaded: ast.AST) -> bool:
-    """The two file expressions name the same file: written alike, where a formatted
-    name read back may stand for a literal one written (`cache / f"{tag}_data"` reads
-    what `cache / "train_data"` wrote)."""
-    if isinstance(loaded, ast.JoinedStr) and isinstance(saved, ast.Constant):
-        return isinstance(saved.value, str) and _template(loaded).fullmatch(saved.value) is not None
-    if type(saved) is not type(loaded):
-        return False
-    if isinstance(saved, ast.Constant):  # (not ast.dump: its recursive closure is a cycle)
-        value = loaded.value  # type: ignore[attr-defined]
-        return type(saved.value) is type(value) and saved.value == value
-    for (_, a), (_, b) in zip(ast.iter_fields(saved), ast.iter_fields(loaded), strict=True):
-        if isinstance(a, list) and isinstance(b, list):
-            if len(a) != len(b) or not all(map(_same_file, a, b)):
-                return False
-        elif isinstance(a, ast.AST) and isinstance(b, ast.AST):
-            if not _same_file(a, b):
-                return False
-        elif a != b:
-            return False
-    return True
-
-
-def _template(text: ast.JoinedStr) -> re.Pattern[str]:
-    """The names an f-string can give: its literal parts, anything for each field."""
-    parts = [re.escape(str(v.value)) if isinstance(v, ast.Constant) else ".+" for v in text.values]
-    return re.compile("".join(parts), re.DOTALL)
 
 
 def _literal(text: str) -> bool:
