@@ -201,55 +201,74 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
 
     stack = ctx.stack
     lines = _needle_lines(ctx, active)
-    fields_of = child_fields(want_operators=any(t in OPERATOR_TYPES for t in dispatch))
+    operators = any(t in OPERATOR_TYPES for t in dispatch)
+    fields_of = child_fields(want_operators=operators)
     # Nodes with no children and no visitor (names, constants, contexts) are not entered;
     # nor are the non-node values a field may hold (None in `{**d}` keys, `global` names).
     skip: set[type] = {cls for cls, fields in fields_of.items() if not fields} - dispatch.keys()
     skip |= {type(None), str, bytes, int, float, complex, bool, type(...)}
 
     def walk(tree: ast.AST) -> None:
-        """Visit every node once, depth first, keeping `stack` = the node's ancestors.
+        """Visit every node once, depth first, keeping `stack` = the node's ancestors
+        (a node goes on it before its first child is visited).
 
-        Iterative (no recursion limit, and no self-referencing closure to leave a
-        reference cycle holding the tree); `None` in `todo` marks leaving a node.
+        Recursive: a call per node costs less than keeping a list of nodes to visit and
+        markers for leaving them. The parser builds no tree deeper than the recursion
+        limit set below allows (see there).
         """
-        todo: list[ast.AST | None] = [tree]
-        pop, push = todo.pop, todo.append
-        while todo:
-            node = pop()
-            if node is None:
-                stack.pop()
-                continue
+        enter, leave = stack.append, stack.pop
+        handlers_of, fields_in = dispatch.get, fields_of.get
+        # (locals: looked up for every node)
+        holders = HOLDS_STATEMENTS if lines is not None else frozenset()
+        statements, spans, spanned = STATEMENTS, spans_a_line, lines or []
+
+        def visit(node: ast.AST) -> None:
             cls = node.__class__
-            handlers = dispatch.get(cls)
+            handlers = handlers_of(cls)
             if handlers:
-                for rule, visit in handlers:
+                for rule, visit_node in handlers:
                     try:
-                        visit(node)
+                        visit_node(node)
                     except Exception as exc:  # reported as TD900, the run goes on
                         fail(rule, exc, node)
-            fields = fields_of.get(cls)
+            fields = fields_in(cls)
             if fields is None:  # a node class this Python's ast module does not list
                 fields = node._fields
-            children: list[ast.AST] = []
-            for name in fields:
-                value = getattr(node, name, None)
-                if value.__class__ is list:
-                    children += [item for item in value if item.__class__ not in skip]
-                elif value.__class__ not in skip:
-                    children.append(value)  # type: ignore[arg-type]  # a node: see `skip`
-            if children:
-                # leave out the statements no visitor can report in
-                if lines is not None and cls in HOLDS_STATEMENTS:
-                    children = [
-                        c
-                        for c in children
-                        if c.__class__ not in STATEMENTS or spans_a_line(c, lines)
-                    ]
-                stack.append(node)
-                push(None)
-                children.reverse()
-                todo.extend(children)
+            entered = False
+            if cls not in holders:
+                for name in fields:
+                    value = getattr(node, name, None)
+                    if value.__class__ is list:
+                        for item in value:
+                            if item.__class__ not in skip:
+                                if not entered:
+                                    enter(node)
+                                    entered = True
+                                visit(item)
+                    elif value.__class__ not in skip:
+                        if not entered:
+                            enter(node)
+                            entered = True
+                        visit(value)  # type: ignore[arg-type]  # a node: see `skip`
+            else:  # leave out the statements no visitor can report in
+                for name in fields:
+                    value = getattr(node, name, None)
+                    for item in value if value.__class__ is list else (value,):
+                        if item.__class__ not in skip and (
+                            item.__class__ not in statements or spans(item, spanned)
+                        ):
+                            if not entered:
+                                enter(node)
+                                entered = True
+                            visit(item)  # type: ignore[arg-type]  # a node: see `skip`
+            if entered:
+                leave()
+
+        try:
+            visit(tree)
+        finally:
+            # the function refers to itself (its cell): no cycle left holding the rules
+            visit = None  # type: ignore[assignment]
 
     # The walk and the rules' own analyses in finish() recurse over the tree: any tree
     # the parser accepts (at the default limit) fits in this one.
