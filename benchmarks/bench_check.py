@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import compileall
 import contextlib
 import importlib.util
 import os
@@ -237,6 +238,14 @@ def per_rule(files: Sequence[Path]) -> None:
         print(f"  {code}  {seconds:7.2f} s  {seconds / parse:6.2f}x parse")
 
 
+def compile_own_bytecode() -> None:
+    """Write torchdoctor's `.pyc` files before the timed runs, as installing a package
+    does. Where PYTHONDONTWRITEBYTECODE is set (this project's machines set it) no run
+    writes them, and every timed check would first compile torchdoctor's own ~200
+    modules: 0.2 s of CPU (1% of the run) that an installed tool never spends."""
+    compileall.compile_dir(ROOT / "src" / "torchdoctor", quiet=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--tree", type=Path, help="folder to check (default: installed torch)")
@@ -255,6 +264,7 @@ def main() -> None:
 
     tree = (args.tree or default_tree()).resolve()
     files = tree_files(tree)
+    compile_own_bytecode()
     if args.per_rule:
         per_rule(files)
         return
