@@ -5,6 +5,7 @@ import re
 from typing import ClassVar
 
 from torchdoctor.check.analysis.file_flow import file_flow
+from torchdoctor.check.analysis.host_scalars import ends_on_host
 from torchdoctor.check.analysis.values import Place
 from torchdoctor.check.rule import Rule, Severity
 from torchdoctor.check.tree_walk import walk
@@ -55,7 +56,11 @@ class LegacyTensorType(Rule):
     and well-kept code (fairseq, PyTorch's own ONNX exporter) uses it hundreds
     of times, so both are left alone, as are bindings that choose the device
     (`Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`), type
-    checks (`isinstance(x, torch.cuda.FloatTensor)`) and annotations.
+    checks (`isinstance(x, torch.cuda.FloatTensor)`) and annotations. So is a
+    CPU type on a device tensor whose value only becomes a Python number that is
+    printed or summed (`acc += torch.mean(eq.type(torch.FloatTensor)).item()`,
+    `acc = torch.sum(eq).type(torch.FloatTensor) / n` then `print("%.2f" % acc)`):
+    the move can neither meet a device tensor nor slow later tensor work.
 
     ## Why is this bad?
     - `torch.FloatTensor(2, 3)` returns *uninitialised* memory: whatever was
@@ -155,6 +160,8 @@ class LegacyTensorType(Rule):
                 return
             if ".cuda." not in target and not self._on_device(func.value):
                 return  # a CPU type on a tensor not shown on a GPU: only the dtype changes
+            if ".cuda." not in target and ends_on_host(self.ctx, node, self.ctx.stack):
+                return  # only printed or summed as a number: the move harms nothing
             self.report(node, self._type_message(target))
 
     def _on_device(self, receiver: ast.expr) -> bool:
