@@ -52,9 +52,11 @@ class LegacyTensorType(Rule):
     (`torch.FloatTensor(1, n).zero_()`, or stored and then filled by the same
     function or class: `self.v = nn.Parameter(torch.FloatTensor(1, n))` with
     `nn.init.uniform_(self.v)`, `emb = torch.FloatTensor(n, d)` with
-    `init_embedding(emb)`) is initialised: old style, but it works,
+    `init_embedding(emb)`) is initialised, and a placeholder whose values nothing
+    reads (`self.register_buffer("_float_tensor", torch.FloatTensor(1))`, used only
+    for `.new(...)`, `.device` or `.dtype`) needs none: old style, but it works,
     and well-kept code (fairseq, PyTorch's own ONNX exporter) uses it hundreds
-    of times, so both are left alone, as are bindings that choose the device
+    of times, so these are left alone, as are bindings that choose the device
     (`Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`), type
     checks (`isinstance(x, torch.cuda.FloatTensor)`) and annotations. So is a
     CPU type on a device tensor whose value only becomes a Python number that is
@@ -206,7 +208,7 @@ class LegacyTensorType(Rule):
         text = self.ctx.segment(scope) if scope is not None else self.ctx.source
         name = rf"(?<![\w.]){re.escape(target)}\b"
         filled = rf"init[\w.]*\(\s*{name}|{name}(\.\w+\([^()]*\))*\.({'|'.join(_INITIALISERS)})\("
-        return re.search(filled, text) is not None
+        return re.search(filled, text) is not None or _only_metadata_read(name, text)
 
     def _bound_to(self) -> str | None:
         """The name or attribute the constructor's tensor is stored in: `x = T(...)`,
@@ -223,12 +225,17 @@ class LegacyTensorType(Rule):
             target = holder.targets[0]
             if isinstance(target, ast.Name | ast.Attribute):
                 return self.ctx.segment(target)
-        if (
-            isinstance(holder, ast.Call)
-            and isinstance(holder.func, ast.Attribute)
-            and holder.func.attr == "append"
-        ):
-            return self.ctx.segment(holder.func.value)
+        if isinstance(holder, ast.Call) and isinstance(holder.func, ast.Attribute):
+            if holder.func.attr == "append":
+                return self.ctx.segment(holder.func.value)
+            buffer = holder.args[0] if holder.args else None
+            if (
+                holder.func.attr == "register_buffer"
+                and self.ctx.segment(holder.func.value) == "self"
+                and isinstance(buffer, ast.Constant)
+                and isinstance(buffer.value, str)
+            ):
+                return f"self.{buffer.value}"  # `self.register_buffer("b", T(1))`
         return None
 
     def _expects_error(self) -> bool:
@@ -290,6 +297,15 @@ class LegacyTensorType(Rule):
         else:
             effect = "also moves a GPU tensor back to the CPU"
         return f"`.type({target})` {effect}; use `.to(dtype={dtype})` (and `device=` to move)"
+
+
+def _only_metadata_read(name: str, text: str) -> bool:
+    """Every read of `name` (a pattern) in `text` asks for its device or dtype or makes a
+    new tensor like it (`self._float_tensor.new(n, d)`, `.device`, `.dtype`), and there
+    is one: a placeholder whose values nothing reads, so they need no initialising."""
+    metadata = rf"{name}\.(?:new(?:_\w+)?\(|device\b|dtype\b|is_cuda\b|type\(\))"
+    other = rf"{name}(?!\s*=[^=])(?!\.(?:new(?:_\w+)?\(|device\b|dtype\b|is_cuda\b|type\(\)))"
+    return re.search(metadata, text) is not None and re.search(other, text) is None
 
 
 def _sizes(call: ast.Call) -> bool:
