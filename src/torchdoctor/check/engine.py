@@ -201,8 +201,7 @@ def _run_rules(ctx: FileContext, active: list[Rule]) -> None:
 
     stack = ctx.stack
     lines = _needle_lines(ctx, active)
-    operators = any(t in OPERATOR_TYPES for t in dispatch)
-    fields_of = child_fields(want_operators=operators)
+    fields_of = child_fields(want_operators=any(t in OPERATOR_TYPES for t in dispatch))
     # Nodes with no children and no visitor (names, constants, contexts) are not entered;
     # nor are the non-node values a field may hold (None in `{**d}` keys, `global` names).
     skip: set[type] = {cls for cls, fields in fields_of.items() if not fields} - dispatch.keys()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 
 from torchdoctor.check.analysis.scope_index import binding, calls_on_lines, scope_nodes
 from torchdoctor.check.context import FileContext
@@ -48,7 +49,7 @@ def _file_saves(ctx: FileContext) -> list[tuple[ast.AST, ast.Call, ast.expr]]:
     for scope, call in calls_on_lines(ctx, ctx.lines_holding(["save"]), spanning=True):
         if ctx.call_name_in(call, SAVES) is None:
             continue
-        path = call.args[1] if len(call.args) > 1 else _keyword(call, "f")
+        path = save_path(call)
         if path is not None:
             found.append((scope, call, opened_path(ctx, scope, path)))
     return found
@@ -78,7 +79,7 @@ def opened_path(ctx: FileContext, scope: ast.AST, handle: ast.expr) -> ast.expr:
 
 def saved_on_cpu(ctx: FileContext, scope: ast.AST, call: ast.Call) -> bool:
     """What the save writes holds CPU tensors only, as the saving file shows."""
-    value = call.args[0] if call.args else _keyword(call, "obj")
+    value = call.args[0] if call.args else keyword(call, "obj")
     if value is None:
         return False
     if brought_to_cpu(value):
@@ -120,15 +121,8 @@ def _item_on_cpu(node: ast.expr) -> bool:
 
 
 def _last_move(call: ast.expr) -> str:
-    """The outermost device move of a call chain: "cpu" or "other"."""
-    while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
-        attr = call.func.attr
-        if attr == "cpu" or (attr == "to" and call.args and _is_cpu(call.args[0])):
-            return "cpu"
-        if attr in ("cuda", "to"):
-            return "other"
-        call = call.func.value
-    return ""
+    """The outermost device move of a call chain: "cpu", "other", or "" for none."""
+    return next(_chain_moves(call), "")
 
 
 def loads_cpu_saved_state(
@@ -179,7 +173,7 @@ def _state_saves_of(ctx: FileContext, cls: str) -> list[tuple[ast.AST, ast.Call]
     """The saves of the file that write `model.state_dict()` of a `model = cls(...)`."""
     found = []
     for scope, call, _ in file_saves(ctx):
-        value = call.args[0] if call.args else _keyword(call, "obj")
+        value = call.args[0] if call.args else keyword(call, "obj")
         if (
             isinstance(value, ast.Call)
             and isinstance(value.func, ast.Attribute)
@@ -203,24 +197,22 @@ def _moved_to_cpu_before(ctx: FileContext, scope: ast.AST, name: str, line: int)
             and latest < node.lineno < line
             and root_name(node.value) == name
         ):
-            moves = _moves(node.value)
+            moves = set(_chain_moves(node.value))
             if moves:
                 latest, on_cpu = node.lineno, moves == {"cpu"}
     return on_cpu
 
 
-def _moves(call: ast.expr) -> set[str]:
-    """The device moves of a call chain: "cpu" for `.cpu()` / `.to("cpu")`, "other" for
-    `.cuda()` and any other `.to(...)`."""
-    found: set[str] = set()
+def _chain_moves(call: ast.expr) -> Iterator[str]:
+    """The device moves of a call chain, outermost first: "cpu" for `.cpu()` /
+    `.to("cpu")`, "other" for `.cuda()` and any other `.to(...)`."""
     while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
         attr = call.func.attr
         if attr == "cpu" or (attr == "to" and call.args and _is_cpu(call.args[0])):
-            found.add("cpu")
+            yield "cpu"
         elif attr in ("cuda", "to"):
-            found.add("other")
+            yield "other"
         call = call.func.value
-    return found
 
 
 def _is_cpu(node: ast.expr) -> bool:
@@ -234,5 +226,10 @@ def root_name(node: ast.expr) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
-def _keyword(call: ast.Call, name: str) -> ast.expr | None:
+def keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def save_path(call: ast.Call) -> ast.expr | None:
+    """The file (or handle) a `torch.save(obj, f)` call writes to."""
+    return call.args[1] if len(call.args) > 1 else keyword(call, "f")

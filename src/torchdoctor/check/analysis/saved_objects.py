@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from torchdoctor.check.analysis.cpu_saves import file_saves, saved_on_cpu
+from torchdoctor.check.analysis.cpu_saves import file_saves, keyword, save_path, saved_on_cpu
 from torchdoctor.check.analysis.file_loops import sibling_file
 from torchdoctor.check.analysis.scope_index import assignments, binding
 from torchdoctor.check.context import FileContext
@@ -52,14 +52,6 @@ class Save:
     path_node: ast.expr
     whole: str | None  # what non-tensor object the whole saved value is, if one
     keys: dict[str, str]  # dict key -> what non-tensor object its value is
-
-
-def keyword(call: ast.Call, name: str) -> ast.expr | None:
-    return next((k.value for k in call.keywords if k.arg == name), None)
-
-
-def save_path(call: ast.Call) -> ast.expr | None:
-    return call.args[1] if len(call.args) > 1 else keyword(call, "f")
 
 
 def enclosing_class(tree: ast.Module, scope: ast.AST) -> ast.ClassDef | None:

@@ -4,15 +4,13 @@ import ast
 import os
 from typing import ClassVar
 
-from torchdoctor.check.analysis.cpu_saves import SAVES
+from torchdoctor.check.analysis.cpu_saves import SAVES, keyword, save_path
 from torchdoctor.check.analysis.saved_objects import (
     Save,
     SavedObjects,
     enclosing_class,
     file_keys,
-    keyword,
     same_file,
-    save_path,
 )
 from torchdoctor.check.analysis.scope_index import binding, calls_on_lines, own_nodes, scope_nodes
 from torchdoctor.check.project import SavedFile

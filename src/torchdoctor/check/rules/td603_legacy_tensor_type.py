@@ -299,12 +299,16 @@ class LegacyTensorType(Rule):
         return f"`.type({target})` {effect}; use `.to(dtype={dtype})` (and `device=` to move)"
 
 
+# What reads only a tensor's device or dtype, or makes a new tensor like it.
+_METADATA = r"new(?:_\w+)?\(|device\b|dtype\b|is_cuda\b|type\(\)"
+
+
 def _only_metadata_read(name: str, text: str) -> bool:
     """Every read of `name` (a pattern) in `text` asks for its device or dtype or makes a
     new tensor like it (`self._float_tensor.new(n, d)`, `.device`, `.dtype`), and there
     is one: a placeholder whose values nothing reads, so they need no initialising."""
-    metadata = rf"{name}\.(?:new(?:_\w+)?\(|device\b|dtype\b|is_cuda\b|type\(\))"
-    other = rf"{name}(?!\s*=[^=])(?!\.(?:new(?:_\w+)?\(|device\b|dtype\b|is_cuda\b|type\(\)))"
+    metadata = rf"{name}\.(?:{_METADATA})"
+    other = rf"{name}(?!\s*=[^=])(?!\.(?:{_METADATA}))"  # neither a binding nor metadata
     return re.search(metadata, text) is not None and re.search(other, text) is None
 
 
