@@ -109,6 +109,13 @@ class DeprecatedVariable(Rule):
             return
         volatile = _keyword(node, "volatile")
         message = "`Variable(...)` is a no-op wrapper since PyTorch 0.4; use the tensor itself"
+        requires_grad = _keyword(node, "requires_grad")
+        if requires_grad is not None and not _is_false(requires_grad):
+            # not a no-op: it makes a new leaf that requires grad, which the tensor is not
+            message = (
+                "`Variable(x, requires_grad=...)` is a legacy wrapper since PyTorch 0.4; "
+                "use `x.detach().requires_grad_()` (or `.requires_grad_()` on a new tensor)"
+            )
         if volatile is not None and not _is_false(volatile):
             message = (
                 "`Variable(..., volatile=True)` has had no effect since PyTorch 0.4: "
