@@ -1,0 +1,128 @@
+"""Precision on code torchdoctor was never tuned on: a judged random sample of its findings.
+
+    .venv/bin/python benchmarks/audit.py [--write]
+
+The clean corpus (precision.py) is where the rules were tuned, so its share of false alarms
+flatters them. benchmarks/bugs-audit.tsv holds an independent sample: 120 findings drawn at
+random (seed 15, one per distinct finding) from what the default rules of main at c3b9b51
+reported on the whole repositories of the real-bug corpus (benchmarks/.work/bugs-context/,
+made by `bugs.py rebuild --context`), each read in its code and given one verdict
+(worth-fixing, intended, false-alarm, unsure) with its reason.
+
+This script checks the sampled repositories again with today's torchdoctor and counts, per
+verdict, how many sampled findings it still reports: false alarms should go, worth-fixing
+findings must stay. A new finding is not judged here (the sample is fixed); precision.py
+and the bug-repository diff cover those. `--write` puts the table into README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from _readme import write_section
+
+HERE = Path(__file__).resolve().parent
+SAMPLE = HERE / "bugs-audit.tsv"
+CONTEXT = HERE / ".work" / "bugs-context"
+VERDICTS = ("worth-fixing", "intended", "false-alarm", "unsure")
+
+Key = tuple[str, str, int, int, str]  # folder, file, cell (0: not a notebook), line, code
+
+
+def read_sample(path: Path = SAMPLE) -> dict[Key, str]:
+    """Each sampled finding and its verdict."""
+    sample: dict[Key, str] = {}
+    with path.open(encoding="utf-8") as handle:
+        for row in csv.reader(handle, delimiter="\t"):
+            if not row or row[0].startswith("#"):
+                continue
+            folder, file, cell, line, code, verdict = row[:6]
+            if verdict not in VERDICTS:
+                raise ValueError(f"{path.name}: unknown verdict {verdict!r} in {row[:5]}")
+            sample[(folder, file, int(cell or 0), int(line), code)] = verdict
+    return sample
+
+
+def findings(folder: Path) -> set[Key]:
+    """The default rules' findings on one repository, as sample keys."""
+    command = [sys.executable, "-m", "torchdoctor", "check", "--isolated", "--no-cache"]
+    command += ["--no-respect-gitignore", "--exclude", "", "--format", "json", "--exit-zero"]
+    done = subprocess.run([*command, str(folder)], capture_output=True, text=True, cwd=folder)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchdoctor check failed on {folder.name}: {done.stderr[-300:]}")
+    root = folder.resolve()
+    return {
+        (
+            folder.name,
+            Path(f["filename"]).resolve().relative_to(root).as_posix(),
+            f.get("cell") or 0,
+            f["line"],
+            f["code"],
+        )
+        for f in json.loads(done.stdout)
+    }
+
+
+def measure(sample: dict[Key, str]) -> dict[str, tuple[int, int]]:
+    """verdict -> (sampled, still reported)."""
+    folders = sorted({key[0] for key in sample})
+    missing = [name for name in folders if not (CONTEXT / name).is_dir()]
+    if missing:
+        raise SystemExit(
+            f"{len(missing)} repositories are not built (first: {missing[0]}); "
+            "run `benchmarks/bugs.py rebuild --context` first"
+        )
+    reported: set[Key] = set()
+    for number, name in enumerate(folders, 1):
+        print(f"[{number}/{len(folders)}] {name}", file=sys.stderr)
+        reported |= findings(CONTEXT / name)
+    sampled = collections.Counter(sample.values())
+    kept = collections.Counter(verdict for key, verdict in sample.items() if key in reported)
+    return {verdict: (sampled[verdict], kept[verdict]) for verdict in VERDICTS}
+
+
+def report(counts: dict[str, tuple[int, int]]) -> str:
+    total = sum(n for n, _ in counts.values())
+    kept_total = sum(k for _, k in counts.values())
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"Measured {when} by `benchmarks/audit.py` on the {total} sampled findings of "
+        "benchmarks/bugs-audit.tsv (drawn from main at c3b9b51; see the script's docstring). "
+        "Default rules, each sampled repository checked whole.",
+        "",
+        "| verdict at sampling | sampled | still reported | gone |",
+        "|---|---:|---:|---:|",
+    ]
+    for verdict, (n, kept) in counts.items():
+        lines.append(f"| {verdict} | {n} | {kept} | {n - kept} |")
+    lines.append(f"| **all** | {total} | {kept_total} | {total - kept_total} |")
+    worth, _ = counts["worth-fixing"]
+    alarms, alarms_kept = counts["false-alarm"]
+    lines += [
+        "",
+        f"At sampling, {worth} of {total} ({worth / total:.0%}) were worth fixing and "
+        f"{alarms} ({alarms / total:.0%}) false alarms; {alarms - alarms_kept} of those false "
+        "alarms are gone now.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write the table into README.md")
+    args = parser.parse_args()
+    text = report(measure(read_sample()))
+    print(text)
+    if args.write:
+        write_section("bugs-audit", text, heading="Precision on code we never tuned on")
+
+
+if __name__ == "__main__":
+    main()
