@@ -257,6 +257,18 @@ def nccl_start(path: str, source: str) -> str | None:
     return f"{path}:{len(_LINE_END.findall(source, 0, match.start())) + 1}"
 
 
+# any start of a process group (not a definition of a function of that name)
+_GROUP_START = re.compile(r"(?<!def )\binit_process_group\(")
+
+
+def starts_other_group(source: str) -> bool:
+    """Whether `source` starts a process group whose backend is not spelled `"nccl"`
+    (`backend=args.backend`, `"gloo"`): a program of the project may run without NCCL."""
+    if "init_process_group(" not in source:
+        return False
+    return len(_GROUP_START.findall(source)) > len(_NCCL_START.findall(source))
+
+
 _METHOD_CALL = re.compile(r"\.(\w+)\s*\(")
 
 
