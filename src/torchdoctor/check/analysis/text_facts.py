@@ -262,11 +262,12 @@ _GROUP_START = re.compile(r"(?<!def )\binit_process_group\(")
 
 
 def starts_other_group(source: str) -> bool:
-    """Whether `source` starts a process group whose backend is not spelled `"nccl"`
-    (`backend=args.backend`, `"gloo"`): a program of the project may run without NCCL."""
-    if "init_process_group(" not in source:
+    """Whether `source` starts a process group and never one spelled `"nccl"` (only
+    `"gloo"`, or `backend=args.backend`): a program of the project may run without NCCL.
+    (A file that starts NCCL and `"gloo"` otherwise picks NCCL on GPU machines.)"""
+    if "init_process_group(" not in source or _GROUP_START.search(source) is None:
         return False
-    return len(_GROUP_START.findall(source)) > len(_NCCL_START.findall(source))
+    return _NCCL_START.search(source) is None
 
 
 _METHOD_CALL = re.compile(r"\.(\w+)\s*\(")
