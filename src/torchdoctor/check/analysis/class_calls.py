@@ -120,10 +120,13 @@ def passed_constant(fi: FunctionInfo, call: ast.Call, param: str) -> ast.Constan
 _REEXPORT_HOPS = 3  # `from pkg import C` -> pkg/__init__.py -> `from .mod import C`
 
 
-def project_class(fl: FileLoops, name: str) -> tuple[FileLoops, ast.ClassDef] | None:
+def project_class(
+    fl: FileLoops, name: str, by_tail: bool = False
+) -> tuple[FileLoops, ast.ClassDef] | None:
     """The class a name (`C`, `mod.C`) of `fl`'s file refers to: defined in the file, or
     in the sibling module it is imported from, through package re-exports (None: not a
-    class we can read)."""
+    class we can read). `by_tail`: an absolute import may name the one project file whose
+    path ends like it (a test beside `src/pkg/`), see `sibling_path`."""
     for _ in range(_REEXPORT_HOPS + 1):
         head, _, rest = name.partition(".")
         if not rest and name in fl.classes:
@@ -132,7 +135,7 @@ def project_class(fl: FileLoops, name: str) -> tuple[FileLoops, ast.ClassDef] | 
         if target is None:
             return None
         module, _, name = (f"{target}.{rest}" if rest else target).rpartition(".")
-        other = sibling_file(fl.ctx, module) if module.strip(".") else None
+        other = sibling_file(fl.ctx, module, by_tail) if module.strip(".") else None
         if other is None:
             return None
         fl = other

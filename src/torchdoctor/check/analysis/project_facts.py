@@ -44,6 +44,7 @@ from torchdoctor.check.analysis.text_facts import (
     parameter_classes,
     plain_classes,
     self_moving_classes,
+    starts_other_group,
     zeroing_calls,
 )
 from torchdoctor.check.analysis.values import UNKNOWN, AnyFunction, Kind, Value, sent_from
@@ -222,6 +223,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
     calling: dict[str, list[str]] = {}  # method name -> files calling it (not on self)
     cuda_defaults: dict[str, CudaDefault] = {}
     count = 0
+    other_group = False  # a file starts a process group of another backend
     paths: set[str] = set()
     for item in sources:
         path, source = item if isinstance(item, tuple) else ("", item)
@@ -240,6 +242,7 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
         parameters |= parameter_classes(source)
         logit_losses |= logit_loss_classes(source)
         index.nccl_start = index.nccl_start or nccl_start(path, source)
+        other_group = other_group or starts_other_group(source)
         zeroing = zeroing_calls(source)
         if zeroing is not None:
             index.zeroing_calls |= zeroing
@@ -278,6 +281,8 @@ def build_project(sources: Iterable[str | tuple[str, str]]) -> ProjectIndex:
             for name, where in clamping_hooks(path, source).items():
                 index.clamping_hooks.setdefault(name, where)
     index.paths = frozenset(paths)
+    if other_group:  # several programs, one of which may start a group without NCCL
+        index.nccl_start = None
     if not index.turns_grad_off:
         index.outside_calls = {name: tuple(files) for name, files in calling.items()}
     index.moving_classes = frozenset(moving)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.moved_inputs import forward_moves
 from torchdoctor.check.analysis.scope_moves import ScopeMoves
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.torch_api import _MODULE_SELF_METHODS, _trainable
@@ -45,6 +46,9 @@ class ScopeMethods(ScopeMoves):
         for kw, (_, value) in zip(node.keywords, keywords, strict=False):
             operands.extend(self._tensor_operands(kw.value, value))
         tensors = [(n, v) for n, v in operands if v.tensor_like or n is node.func]
+        if any(v.place is Place.CPU for _, v in tensors):
+            first_moved = self._moved_inputs(node, callee)
+            tensors = [(n, v) for n, v in tensors if id(n) not in first_moved]
         if not meet:
             # where the module is, is not known; its inputs still meet one another when
             # one was put on the device and another made by a factory on the CPU (a
@@ -98,6 +102,29 @@ class ScopeMethods(ScopeMoves):
             output=True,
             maybe=maybe,
         )
+
+    def _moved_inputs(self, node: ast.Call, callee: Value) -> frozenset[int]:
+        """The arguments (ids of their nodes) the `forward` of `callee`, a module of a
+        project class built in this file, moves to a device before reading them."""
+        built = callee.source
+        if (
+            callee.kind is not Kind.MODULE
+            or callee.cls not in self.ff.project.module_classes
+            or not isinstance(built, ast.Call)
+        ):
+            return frozenset()
+        found = forward_moves(self.ctx, built)
+        if found is None or not found[1]:
+            return frozenset()
+        params, moved = found
+        ids: set[int] = set()
+        for index, arg in enumerate(node.args):
+            if isinstance(arg, ast.Starred):
+                break  # the positions after it are not known
+            if index < len(params) and params[index] in moved:
+                ids.add(id(arg))
+        ids.update(id(kw.value) for kw in node.keywords if kw.arg in moved)
+        return frozenset(ids)
 
     def _tensor_operands(self, node: ast.expr, value: Value) -> list[tuple[ast.expr, Value]]:
         """An argument as operands: a tuple/list display counts element by element."""

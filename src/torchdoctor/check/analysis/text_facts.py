@@ -257,6 +257,19 @@ def nccl_start(path: str, source: str) -> str | None:
     return f"{path}:{len(_LINE_END.findall(source, 0, match.start())) + 1}"
 
 
+# any start of a process group (not a definition of a function of that name)
+_GROUP_START = re.compile(r"(?<!def )\binit_process_group\(")
+
+
+def starts_other_group(source: str) -> bool:
+    """Whether `source` starts a process group and never one spelled `"nccl"` (only
+    `"gloo"`, or `backend=args.backend`): a program of the project may run without NCCL.
+    (A file that starts NCCL and `"gloo"` otherwise picks NCCL on GPU machines.)"""
+    if "init_process_group(" not in source or _GROUP_START.search(source) is None:
+        return False
+    return _NCCL_START.search(source) is None
+
+
 _METHOD_CALL = re.compile(r"\.(\w+)\s*\(")
 
 

@@ -43,8 +43,9 @@ class CollectiveOnCpuTensor(Rule):
     In a program that starts the process group with the NCCL backend --
     `init_process_group("nccl")`, `backend="nccl"`, or a backend that is `"nccl"` on
     GPU machines (`"nccl" if torch.cuda.is_available() else "gloo"`, also through a
-    name), in the same file or in another file of the project when this one starts
-    none -- finds `dist.all_reduce`, `broadcast`, `all_gather`, `reduce`, `send`, ...
+    name), in the same file or, when this one starts none, in another file of a project
+    none of whose files starts a group of another backend -- finds `dist.all_reduce`,
+    `broadcast`, `all_gather`, `reduce`, `send`, ...
     given a tensor made on the CPU: by a factory with no `device=` (`torch.tensor(n)`,
     `torch.zeros(3)`), with `device="cpu"`, by `.cpu()` or `torch.from_numpy`, also in a
     list of inputs. Only inputs are judged: the input picks the backend, and NCCL may
@@ -203,6 +204,8 @@ class CollectiveOnCpuTensor(Rule):
         name = self.ctx.qualname(expr.func) or ""
         if not name.startswith("torch.") or name.rsplit(".", 1)[-1] not in _FACTORIES:
             return None
+        if name.startswith("torch.cuda."):
+            return None  # `torch.cuda.LongTensor([n])`: made on the current GPU
         if self._default_device_may_differ(expr.lineno):
             return None
         device = next((k.value for k in expr.keywords if k.arg == "device"), None)

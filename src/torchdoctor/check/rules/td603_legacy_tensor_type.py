@@ -248,11 +248,13 @@ class LegacyTensorType(Rule):
 
     def _visit_binding(self, node: ast.Assign) -> None:
         """`Tensor = torch.cuda.FloatTensor`: every later `Tensor(...)` is CUDA-only.
-        (`torch.cuda.FloatTensor if cuda else torch.FloatTensor` chooses the device
-        and is left alone.)"""
+        (`torch.cuda.FloatTensor if cuda else torch.FloatTensor`, or the binding under
+        `if torch.cuda.is_available():`, chooses the device and is left alone.)"""
         target = self._legacy_reference(node.value)
         if target is None or ".cuda." not in target or not isinstance(node.value, ast.Attribute):
             return
+        if self._device_chosen():
+            return  # `if torch.cuda.is_available(): T = torch.cuda.FloatTensor` chooses it
         names = ", ".join(self.ctx.segment(t) for t in node.targets)
         self.report(
             node.value,
