@@ -72,6 +72,24 @@ def mentions_wrapper(text: str) -> bool:
 
 
 def _find(ctx: FileContext) -> dict[str, Wrapped]:
+    # cheap first: a module-level `name = W(f)` `_wrapped` accepts (most files have none;
+    # the text gate below scans the whole text for each `W(`)
+    if not any(_wrapping(ctx, stmt) for stmt in ctx.tree.body):
+        return {}
+    return _find_wrapped(ctx)
+
+
+def _wrapping(ctx: FileContext, stmt: ast.stmt) -> bool:
+    """Whether `stmt` is one `_find_wrapped` may keep: `name = W(f)` of a known W."""
+    return (
+        isinstance(stmt, ast.Assign)
+        and len(stmt.targets) == 1
+        and isinstance(stmt.targets[0], ast.Name)
+        and _wrapped(ctx, stmt.value, 0, 0) is not None
+    )
+
+
+def _find_wrapped(ctx: FileContext) -> dict[str, Wrapped]:
     if not any(ctx.holds(call) for call in _CALLS) or not mentions_wrapper(as_lf(ctx.source)):
         return {}
     defined = {

@@ -9,7 +9,7 @@ from torchdoctor.check.analysis.scope import ScopeFlow
 from torchdoctor.check.analysis.syntax import dead_loop_rebinding, lines_matching
 from torchdoctor.check.analysis.values import Kind, Move, Place
 from torchdoctor.check.rule import FixAvailability, Rule, Severity
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import walk, walk_statements
 
 # A statement that starts with a move: `x.to(device)`, `batch[0].cuda()`; or a name
 # rebound to its own move, `v = v.to(...)`: a loop variable rebound (dead_loop_rebinding).
@@ -17,6 +17,7 @@ _STATEMENT_MOVE = re.compile(
     r"[ \t]*(?:(\w+)[ \t]*=[ \t]*\1\.(?:to|cuda|cpu)\(|[\w.]+(?:\[[^\]\n]*\])*\.(?:to|cuda|cpu)\()"
 )
 _MOVES = (".to(", ".cuda(", ".cpu(")  # on every line _STATEMENT_MOVE matches
+_MOVE_METHODS = frozenset({"to", "cuda", "cpu", "type"})  # the methods a Move calls
 # Tests that expect the move to fail drop its result on purpose.
 _EXPECTS_ERROR = ("assertRaises", "raises", "assertWarns", "warns")
 
@@ -81,6 +82,8 @@ class DiscardedTo(Rule):
             return
         ff = file_flow(self.ctx)
         for node in dict.fromkeys(ff.innermost_scope(line) for line in lines):
+            if not may_drop_a_move(node):
+                continue  # (most: the lines are a call's arguments, `f(\n x.to(d))`)
             scope = ff.scope(node, callers=False)
             for move in scope.moves:
                 if self._is_tensor(move) and (
@@ -143,6 +146,37 @@ class DiscardedTo(Rule):
                     if start <= call.lineno <= end:
                         return True
         return False
+
+
+def may_drop_a_move(node: ast.AST) -> bool:
+    """Whether the code of `node` holds a statement that drops a call of a move method
+    (`x.to(d)`) or a loop variable rebound to one (`v = v.to(d)`, `dead_loop_rebinding`):
+    a scope without one has no move this rule reports (`Move.call` is such a call, and
+    `Move.dropped` says it is an expression statement's value), and is not analysed."""
+    for stmt in walk_statements(node):
+        if stmt.__class__ is ast.Expr:
+            if _move_call(stmt.value):  # type: ignore[attr-defined]
+                return True
+        elif isinstance(stmt, ast.For | ast.AsyncFor) and isinstance(stmt.target, ast.Name):
+            name = stmt.target.id
+            for inner in stmt.body:
+                if (
+                    isinstance(inner, ast.Assign)
+                    and _move_call(inner.value)
+                    and isinstance(inner.value.func.value, ast.Name)  # type: ignore[attr-defined]
+                    and inner.value.func.value.id == name  # type: ignore[attr-defined]
+                ):
+                    return True
+    return False
+
+
+def _move_call(node: ast.expr) -> bool:
+    """A call of a method that moves its receiver (`ScopeMoves._move`, `_retype`)."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _MOVE_METHODS
+    )
 
 
 def _method(move: Move) -> str:
