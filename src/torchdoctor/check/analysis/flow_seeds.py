@@ -37,6 +37,8 @@ class FlowSeeds(FileIndex):
 
     _cut_off: int  # seedings the depth limit cut short (FileFlow.scope keeps those apart)
     _later_assigned: dict[ast.ClassDef, frozenset[str]]  # _assigned_after_init
+    _scopes: dict[tuple[ast.AST, bool], ScopeFlow]  # FileFlow's cache
+    STOP_EARLY = True  # (False: every caller analysed; the tests compare both)
 
     def scope(self, node: ScopeNode, *, callers: bool = True, depth: int = 0) -> ScopeFlow:
         raise NotImplementedError  # FileFlow.scope
@@ -317,32 +319,42 @@ class FlowSeeds(FileIndex):
                     # own question (depth 0) must seed it again (file_flow.scope)
                     self._cut_off += 1
                 return {}  # an uninformative caller: the join would be unknown anyway
+        # a parameter some call passes nothing known is not seeded: once every one is,
+        # the callers not analysed yet cannot change the answer
+        names = [p.arg for p in params]
+        keys = {*names[offset:], *(a.arg for a in func.args.kwonlyargs)}
+        bound = [self._bind_site(site, names, off, func) for site, off in sites]
+        unknown = {k for values in bound for k, v in values.items() if v is UNKNOWN}
+        callees = {callee, *called}
+        if self.STOP_EARLY:  # callers analysed already cost nothing: they may settle it
+            for scope_node in scopes:
+                known = self._scopes.get((scope_node, True))
+                for values in self._bound_at(known, callees, names, offset, func):
+                    unknown.update(k for k, v in values.items() if v is UNKNOWN)
         for scope_node in scopes:
+            if unknown >= keys and self.STOP_EARLY:
+                return {}
             caller = self.scope(scope_node, depth=depth + 1)
-            sites.extend(
-                (site, offset)
-                for site in caller.calls
-                if site.callee == callee or (called and site.callee in called)
-            )
+            for values in self._bound_at(caller, callees, names, offset, func):
+                bound.append(values)
+                unknown.update(k for k, v in values.items() if v is UNKNOWN)
+        if unknown >= keys:
+            return {}
         if cls is None or func.name == "__init__":
             remote = self.project_call_facts(callee)
             for name in called if cls is None else ():
                 remote += self.project_call_facts(name)
         else:  # `model.read(x)` in another file, of a module class's method
             remote = method_seeds(self.project, self.ctx.path, cls.name, func)[0]
-        if not sites and not remote:
+        if not bound and not remote:
             return {}
-        names = [p.arg for p in params]
         seeds: dict[str, Value] = {}
         first = True
-        for site, off in sites:
-            values = self._bind_site(site, names, off, func)
+        for values in [*bound, *remote]:
+            unknown.update(k for k in keys if values.get(k, UNKNOWN) is UNKNOWN)
             seeds = values if first else _join_seeds(seeds, values)
             first = False
-        for values in remote:
-            seeds = values if first else _join_seeds(seeds, values)
-            first = False
-        return {k: v for k, v in seeds.items() if v is not UNKNOWN}
+        return {k: v for k, v in seeds.items() if v is not UNKNOWN and k not in unknown}
 
     # A caller that makes tensors can pass CPU ones (an object's method is called from
     # code that need not name a device at all)
@@ -450,6 +462,20 @@ class FlowSeeds(FileIndex):
             if is_call:
                 found[self.innermost_scope(line)] = None
         return list(found)
+
+    def _bound_at(
+        self,
+        caller: ScopeFlow | None,
+        callees: set[str],
+        names: list[str],
+        offset: int,
+        func: AnyFunction,
+    ) -> list[dict[str, Value]]:
+        """What each call of one of `callees` in `caller` passes `func`'s parameters."""
+        sites = caller.calls if caller is not None else ()
+        return [
+            self._bind_site(site, names, offset, func) for site in sites if site.callee in callees
+        ]
 
     def _bind_site(
         self, site: CallSite, names: list[str], offset: int, func: AnyFunction

@@ -156,10 +156,19 @@ class _Sender:
         self._on_modules = not outside.isdisjoint(ctx.project.module_classes)
 
     def may(self, func: AnyFunction) -> bool:
-        """False when `func` certainly sends nothing. A fact is a call of a name imported
-        here and not defined here (its text names it), or a method call on a module of
-        such a name's class (`method_fact_name`; the file imports one)."""
-        return self._on_modules or file_flow(self.ctx).mentions(func, *self._names)
+        """False when `func` certainly sends nothing. A fact is a call `name(...)` of a
+        name imported here and not defined here (a call site's callee is the called
+        name), or a method call on a module of such a name's class (`method_fact_name`;
+        the file imports one)."""
+        if self._on_modules:
+            return True
+        if not file_flow(self.ctx).mentions(func, *self._names):
+            return False
+        names = set(self._names)
+        return any(
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
+            for node in ast.walk(func)
+        )
 
     def facts(self, scope: ScopeFlow) -> Iterator[CallFact]:
         path, imports = self.ctx.path, self.ctx.imports
