@@ -25,7 +25,7 @@ from torchdoctor.check.analysis.cpu_saves import SAVES, opened_path, save_path
 from torchdoctor.check.analysis.file_loops import sibling_file
 from torchdoctor.check.analysis.gpu_gates import always_run_calls, calls_cuda_only
 from torchdoctor.check.analysis.saved_objects import same_file
-from torchdoctor.check.analysis.scope_index import binding
+from torchdoctor.check.analysis.scope_index import assignments, binding
 from torchdoctor.check.analysis.wraps import bound_arguments, parameter_slots
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.tree_walk import block_of, walk
@@ -43,6 +43,15 @@ TORCH_LOADS = frozenset(MAP_LOCATION_AT)
 # A temporary folder: fresh for each run, so what a test reads from it this run wrote.
 TEMP = re.compile(r"\b(tmp_path\w*|tmpdir\w*|tempfile|TemporaryDirectory|mkdtemp|mktemp)\b")
 TEMP_PARAMETERS = frozenset({"tmp_path", "tmpdir", "tmp_dir", "dirname", "temp_dir"})
+# Code that may run on several GPUs or processes: a load without `map_location` puts
+# every rank's copy on the saving GPU even where CUDA is there.
+_MANY_GPUS = re.compile(
+    r"distributed|DataParallel|\bDDP\b|\brank\b|local_rank|get_rank|world_size"
+    r"|set_device|device_count|device_ids|gpu_ids|\bgpus\b|cuda:[1-9]|deepspeed"
+    r"|accelerate|multiprocessing|spawn"
+    r"|\.cuda\(\s*(?!0\s*\)|non_blocking)[^)\s]",  # `.cuda(2)`, `.cuda(device)`: a GPU of several
+    re.IGNORECASE,
+)
 # A test that picks between a GPU and a CPU way of doing things, by the word it names.
 _GPU_WORD = re.compile(r"cuda|gpu", re.IGNORECASE)
 _CPU_WORD = re.compile(r"cpu", re.IGNORECASE)
@@ -89,8 +98,10 @@ def _preceding_calls(ctx: FileContext, node: ast.AST) -> Iterator[ast.Call | ast
 # -- code that needs CUDA -----------------------------------------------------
 def needs_cuda_before(ctx: FileContext, node: ast.AST) -> bool:
     """Code that fails without CUDA runs before `node` on every path of its function:
-    a machine without a GPU never reaches it."""
-    if not re.search(r"cuda|synchronize", ctx.source):
+    a machine without a GPU never reaches it. Not in a file that may run on several
+    GPUs (ranks, `set_device`, `DataParallel`, `cuda:1`): there each process's load
+    still puts every tensor on the GPU that saved it, `cuda:0`."""
+    if not re.search(r"cuda|synchronize", ctx.source) or _MANY_GPUS.search(ctx.source):
         return False
     scope = ctx.enclosing_function() or ctx.tree
     line = getattr(node, "lineno", 0)
@@ -118,12 +129,16 @@ def _moves_to_cuda(ctx: FileContext, scope: ast.AST, call: ast.Call, line: int) 
 
 
 def _is_cuda(ctx: FileContext, scope: ast.AST, device: ast.expr, line: int) -> bool:
-    """`"cuda"`, `"cuda:0"`, `torch.device("cuda")`, or a name bound to one."""
+    """`"cuda"`, `"cuda:0"`, `torch.device("cuda")`, or a name every assignment of
+    `scope` before `line` binds to one (not `device = "cpu"` then, under `if
+    torch.cuda.is_available():`, `device = "cuda:0"`)."""
     if isinstance(device, ast.Name):
-        bound = binding(ctx, scope, device.id, line)
-        if bound is None:
-            return False
-        device = bound
+        bound = [
+            (node.value, node.lineno)  # an earlier line: `device = device` ends
+            for node in assignments(ctx, scope).get(device.id, ())
+            if node.lineno < line and node.value is not None
+        ]
+        return bool(bound) and all(_is_cuda(ctx, scope, v, at) for v, at in bound)
     if (
         isinstance(device, ast.Call)
         and len(device.args) == 1
