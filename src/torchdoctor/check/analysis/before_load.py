@@ -23,12 +23,12 @@ from itertools import pairwise
 
 from torchdoctor.check.analysis.cpu_saves import SAVES, opened_path, save_path
 from torchdoctor.check.analysis.file_loops import sibling_file
-from torchdoctor.check.analysis.gpu_gates import always_run_calls, calls_cuda_only
+from torchdoctor.check.analysis.gpu_gates import all_reraise, calls_cuda_only
 from torchdoctor.check.analysis.saved_objects import same_file
 from torchdoctor.check.analysis.scope_index import assignments, binding
 from torchdoctor.check.analysis.wraps import bound_arguments, parameter_slots
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import block_of, walk
+from torchdoctor.check.tree_walk import block_of, iter_children, walk
 
 # Loaders that unpickle with `torch.load`, and the position of their `map_location`
 # parameter: the hub's download helpers pass theirs straight to `torch.load`.
@@ -81,7 +81,7 @@ def load_source(call: ast.Call) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg in ("f", "url")), None)
 
 
-def _preceding_calls(ctx: FileContext, node: ast.AST) -> Iterator[ast.Call | ast.withitem]:
+def _preceding_calls(ctx: FileContext, node: ast.AST) -> Iterator[ast.Call]:
     """The calls that run before `node` (being visited) on every path of its function
     or module: those of the statements before each statement holding it, in its block."""
     chain = [*ctx.stack, node]
@@ -89,10 +89,41 @@ def _preceding_calls(ctx: FileContext, node: ast.AST) -> Iterator[ast.Call | ast
         block = block_of(parent, child)
         for index, stmt in enumerate(block):
             if stmt is child:
-                yield from always_run_calls(block[:index])
+                yield from _surely_run_calls(block[:index])
                 break
         if isinstance(parent, _FUNCTIONS):
             return
+
+
+def _surely_run_calls(block: list[ast.stmt]) -> list[ast.Call]:
+    """The calls of a block that run whenever it runs to its end: as
+    `gpu_gates.always_run_calls`, and not in a loop's body or a comprehension's items
+    either (they may run zero times)."""
+    found: list[ast.Call] = []
+    todo: list[ast.AST] = list(block)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Call):
+            found.append(node)
+        if isinstance(node, _FUNCTIONS):
+            continue
+        if isinstance(node, ast.If | ast.While | ast.IfExp):
+            todo.append(node.test)
+        elif isinstance(node, ast.For | ast.AsyncFor):
+            todo.append(node.iter)
+        elif isinstance(node, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
+            todo.append(node.generators[0].iter)
+        elif isinstance(node, ast.BoolOp):
+            todo.append(node.values[0])
+        elif isinstance(node, ast.Try):
+            todo.extend(node.finalbody)
+            if all_reraise(node):
+                todo.extend(node.body)
+        elif isinstance(node, ast.Match):
+            todo.append(node.subject)
+        else:
+            todo.extend(iter_children(node, operators=False))
+    return found
 
 
 # -- code that needs CUDA -----------------------------------------------------
@@ -106,8 +137,7 @@ def needs_cuda_before(ctx: FileContext, node: ast.AST) -> bool:
     scope = ctx.enclosing_function() or ctx.tree
     line = getattr(node, "lineno", 0)
     return any(
-        isinstance(call, ast.Call)
-        and (_moves_to_cuda(ctx, scope, call, line) or calls_cuda_only(ctx, call))
+        _moves_to_cuda(ctx, scope, call, line) or calls_cuda_only(ctx, call)
         for call in _preceding_calls(ctx, node)
     )
 
@@ -288,7 +318,7 @@ def written_by_earlier_call(ctx: FileContext, load: ast.Call, source: ast.expr) 
     scope = ctx.enclosing_function() or ctx.tree
     wanted = _literal(ctx, scope, source, load.lineno)
     for call in _preceding_calls(ctx, load):
-        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        if not isinstance(call.func, ast.Name):
             continue
         known: dict[str, _Saver | None] = ctx.shared("before_load.savers", lambda _: {})
         if call.func.id not in known:
