@@ -45,8 +45,10 @@ TEMP = re.compile(r"\b(tmp_path\w*|tmpdir\w*|tempfile|TemporaryDirectory|mkdtemp
 TEMP_PARAMETERS = frozenset({"tmp_path", "tmpdir", "tmp_dir", "dirname", "temp_dir"})
 # Code that may run on several GPUs or processes: a load without `map_location` puts
 # every rank's copy on the saving GPU even where CUDA is there.
-_MANY_GPUS = re.compile(
-    r"distributed|DataParallel|\bDDP\b|\brank\b|local_rank|get_rank|world_size"
+# And code that means to run without a GPU too (TD101's test).
+_ELSEWHERE_TOO = re.compile(
+    r"is_available|\.is_cuda\b"
+    r"|distributed|DataParallel|\bDDP\b|\brank\b|local_rank|get_rank|world_size"
     r"|set_device|device_count|device_ids|gpu_ids|\bgpus\b|cuda:[1-9]|deepspeed"
     r"|accelerate|multiprocessing|spawn"
     r"|\.cuda\(\s*(?!0\s*\)|non_blocking)[^)\s]",  # `.cuda(2)`, `.cuda(device)`: a GPU of several
@@ -129,10 +131,14 @@ def _surely_run_calls(block: list[ast.stmt]) -> list[ast.Call]:
 # -- code that needs CUDA -----------------------------------------------------
 def needs_cuda_before(ctx: FileContext, node: ast.AST) -> bool:
     """Code that fails without CUDA runs before `node` on every path of its function:
-    a machine without a GPU never reaches it. Not in a file that may run on several
-    GPUs (ranks, `set_device`, `DataParallel`, `cuda:1`): there each process's load
-    still puts every tensor on the GPU that saved it, `cuda:0`."""
-    if not re.search(r"cuda|synchronize", ctx.source) or _MANY_GPUS.search(ctx.source):
+    a machine without a GPU never reaches it. Only in a file written for one GPU: not
+    where it may run on several (ranks, `set_device`, `DataParallel`, `cuda:1`), as
+    each process's load still puts every tensor on the GPU that saved it, `cuda:0`;
+    nor where it asks `torch.cuda.is_available()` or `x.is_cuda`, as it means to run
+    without a GPU too: the hard-wired CUDA is TD101's bug, and once it is fixed
+    the load fails there."""
+    source = ctx.source
+    if not re.search(r"cuda|synchronize", source) or _ELSEWHERE_TOO.search(source):
         return False
     scope = ctx.enclosing_function() or ctx.tree
     line = getattr(node, "lineno", 0)

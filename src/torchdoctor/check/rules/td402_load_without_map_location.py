@@ -80,8 +80,9 @@ class LoadWithoutMapLocation(Rule):
     `torch.cuda.is_available()` held (in its `if`, the `else` of `if not ...`, after
     `if not torch.cuda.is_available(): return` or an `assert` of it), or after code
     that fails without CUDA on every path of the function (`model.cuda()`,
-    `.to("cuda")`, `torch.randn(n, device="cuda")`: hard-wired CUDA is TD101's or
-    TD115's finding; a machine without a GPU stops there).
+    `.to("cuda")`, `torch.randn(n, device="cuda")`) in a file written for one GPU
+    (it never asks `is_available()`, no ranks, `DataParallel` or `cuda:1`): a machine
+    without a GPU stops there, and the hard-wired CUDA is TD115's advice.
 
     And loads the code already guards or feeds itself: in a `try:` whose `except`
     (catching the `RuntimeError`) loads the same file with `map_location`; in the
