@@ -1,9 +1,6 @@
 """What the code around a `torch.load` shows about the machine it runs on (TD402).
 
-- Code that runs before the load on every path of its function and fails without
-  CUDA (`model.cuda()`, `.to("cuda")`, `device="cuda"` given to a torch factory,
-  `torch.cuda.synchronize()`): a machine without a GPU never reaches the load.
-  (The hard-wired CUDA is TD101's finding.)
+- A test helper's load of files the calling test made in its temporary folder.
 - A call before the load, on every path, of a project function that `torch.save`s to
   one of its parameters, bound to the very file the load reads (`train(...,
   model_save="best.pt")`, or left at its default `"best.pt"`): this run wrote the
@@ -23,9 +20,9 @@ from itertools import pairwise
 
 from torchdoctor.check.analysis.cpu_saves import SAVES, opened_path, save_path
 from torchdoctor.check.analysis.file_loops import sibling_file
-from torchdoctor.check.analysis.gpu_gates import all_reraise, calls_cuda_only
+from torchdoctor.check.analysis.gpu_gates import all_reraise
 from torchdoctor.check.analysis.saved_objects import same_file
-from torchdoctor.check.analysis.scope_index import assignments, binding
+from torchdoctor.check.analysis.scope_index import binding
 from torchdoctor.check.analysis.wraps import bound_arguments, parameter_slots
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.tree_walk import block_of, iter_children, walk
@@ -43,17 +40,6 @@ TORCH_LOADS = frozenset(MAP_LOCATION_AT)
 # A temporary folder: fresh for each run, so what a test reads from it this run wrote.
 TEMP = re.compile(r"\b(tmp_path\w*|tmpdir\w*|tempfile|TemporaryDirectory|mkdtemp|mktemp)\b")
 TEMP_PARAMETERS = frozenset({"tmp_path", "tmpdir", "tmp_dir", "dirname", "temp_dir"})
-# Code that may run on several GPUs or processes: a load without `map_location` puts
-# every rank's copy on the saving GPU even where CUDA is there.
-# And code that means to run without a GPU too (TD101's test).
-_ELSEWHERE_TOO = re.compile(
-    r"is_available|\.is_cuda\b"
-    r"|distributed|DataParallel|\bDDP\b|\brank\b|local_rank|get_rank|world_size"
-    r"|set_device|device_count|device_ids|gpu_ids|\bgpus\b|cuda:[1-9]|deepspeed"
-    r"|accelerate|multiprocessing|spawn"
-    r"|\.cuda\(\s*(?!0\s*\)|non_blocking)[^)\s]",  # `.cuda(2)`, `.cuda(device)`: a GPU of several
-    re.IGNORECASE,
-)
 # A test that picks between a GPU and a CPU way of doing things, by the word it names.
 _GPU_WORD = re.compile(r"cuda|gpu", re.IGNORECASE)
 _CPU_WORD = re.compile(r"cpu", re.IGNORECASE)
@@ -126,66 +112,6 @@ def _surely_run_calls(block: list[ast.stmt]) -> list[ast.Call]:
         else:
             todo.extend(iter_children(node, operators=False))
     return found
-
-
-# -- code that needs CUDA -----------------------------------------------------
-def needs_cuda_before(ctx: FileContext, node: ast.AST) -> bool:
-    """Code that fails without CUDA runs before `node` on every path of its function:
-    a machine without a GPU never reaches it. Only in a file written for one GPU: not
-    where it may run on several (ranks, `set_device`, `DataParallel`, `cuda:1`), as
-    each process's load still puts every tensor on the GPU that saved it, `cuda:0`;
-    nor where it asks `torch.cuda.is_available()` or `x.is_cuda`, as it means to run
-    without a GPU too: the hard-wired CUDA is TD101's bug, and once it is fixed
-    the load fails there."""
-    source = ctx.source
-    if not re.search(r"cuda|synchronize", source) or _ELSEWHERE_TOO.search(source):
-        return False
-    scope = ctx.enclosing_function() or ctx.tree
-    line = getattr(node, "lineno", 0)
-    return any(
-        _moves_to_cuda(ctx, scope, call, line) or calls_cuda_only(ctx, call)
-        for call in _preceding_calls(ctx, node)
-    )
-
-
-def _moves_to_cuda(ctx: FileContext, scope: ast.AST, call: ast.Call, line: int) -> bool:
-    """`x.cuda()`, `x.to("cuda")`, `x.to(device)` of `device = "cuda"`, or a torch
-    function given `device="cuda"`: each fails where CUDA is not available."""
-    func = call.func
-    if isinstance(func, ast.Attribute) and func.attr == "cuda":
-        return not (ctx.qualname(func) or "").startswith("torch.")  # not `torch.cuda`
-    device = next((k.value for k in call.keywords if k.arg == "device"), None)
-    if isinstance(func, ast.Attribute) and func.attr == "to" and call.args:
-        device = call.args[0]
-    elif not (isinstance(func, ast.Attribute) and func.attr == "to") and not (
-        ctx.qualname(func) or ""
-    ).startswith("torch."):
-        return False
-    return device is not None and _is_cuda(ctx, scope, device, line)
-
-
-def _is_cuda(ctx: FileContext, scope: ast.AST, device: ast.expr, line: int) -> bool:
-    """`"cuda"`, `"cuda:0"`, `torch.device("cuda")`, or a name every assignment of
-    `scope` before `line` binds to one (not `device = "cpu"` then, under `if
-    torch.cuda.is_available():`, `device = "cuda:0"`)."""
-    if isinstance(device, ast.Name):
-        bound = [
-            (node.value, node.lineno)  # an earlier line: `device = device` ends
-            for node in assignments(ctx, scope).get(device.id, ())
-            if node.lineno < line and node.value is not None
-        ]
-        return bool(bound) and all(_is_cuda(ctx, scope, v, at) for v, at in bound)
-    if (
-        isinstance(device, ast.Call)
-        and len(device.args) == 1
-        and ctx.qualname(device.func) == "torch.device"
-    ):
-        device = device.args[0]
-    return (
-        isinstance(device, ast.Constant)
-        and isinstance(device.value, str)
-        and device.value.split(":", 1)[0] == "cuda"
-    )
 
 
 # -- a CPU fallback -----------------------------------------------------------

@@ -13,7 +13,6 @@ from torchdoctor.check.analysis.before_load import (
     has_cpu_fallback,
     load_source,
     maps_location,
-    needs_cuda_before,
     written_by_earlier_call,
 )
 from torchdoctor.check.analysis.cpu_saves import (
@@ -78,11 +77,10 @@ class LoadWithoutMapLocation(Rule):
     `@require_torch_accelerator`, `@unittest.skipIf(not torch.cuda.is_available(),
     ...)` and the like, on the test or its class; and loads that run only where
     `torch.cuda.is_available()` held (in its `if`, the `else` of `if not ...`, after
-    `if not torch.cuda.is_available(): return` or an `assert` of it), or after code
-    that fails without CUDA on every path of the function (`model.cuda()`,
-    `.to("cuda")`, `torch.randn(n, device="cuda")`) in a file written for one GPU
-    (it never asks `is_available()`, no ranks, `DataParallel` or `cuda:1`): a machine
-    without a GPU stops there, and the hard-wired CUDA is TD115's advice.
+    `if not torch.cuda.is_available(): return` or an `assert` of it). Hard-wired
+    CUDA before a load (`model.cuda()`) does not make it safe: on a machine with
+    fewer GPUs, or in each process of a multi-GPU run, the tensors still go back to
+    the GPU that saved them.
 
     And loads the code already guards or feeds itself: in a `try:` whose `except`
     (catching the `RuntimeError`) loads the same file with `map_location`; in the
@@ -162,7 +160,6 @@ class LoadWithoutMapLocation(Rule):
             or self._every_caller_passes_such(source)
             or self._state_saved_on_cpu(node)
             or has_cpu_fallback(self.ctx, node, source)
-            or needs_cuda_before(self.ctx, node)
             or written_by_earlier_call(self.ctx, node, source)
         ):
             return
