@@ -5,6 +5,16 @@ import os
 import re
 from typing import ClassVar
 
+from torchdoctor.check.analysis.before_load import (
+    TEMP,
+    TEMP_PARAMETERS,
+    TORCH_LOADS,
+    from_temp_folder,
+    has_cpu_fallback,
+    load_source,
+    maps_location,
+    written_by_earlier_call,
+)
 from torchdoctor.check.analysis.cpu_saves import (
     file_saves,
     loads_cpu_saved_state,
@@ -21,20 +31,7 @@ from torchdoctor.check.rule import FixAvailability, Rule, Severity
 from torchdoctor.check.rules._file_gate import has_word, skip_visits
 from torchdoctor.check.tree_walk import walk, walk_statements
 
-# Loaders that unpickle with `torch.load`, and the position of their `map_location`
-# parameter: the hub's download helpers pass theirs straight to `torch.load`.
-_MAP_LOCATION_AT = {
-    "torch.load": 1,
-    "torch.hub.load_state_dict_from_url": 2,
-    "torch.utils.model_zoo.load_url": 2,
-    "torchvision.models.utils.load_state_dict_from_url": 2,
-    "torchvision._internally_replaced_utils.load_state_dict_from_url": 2,
-}
-_TORCH_LOAD = frozenset(_MAP_LOCATION_AT)
 _URL_LOADS = ("load_state_dict_from_url", "load_url")
-# A temporary folder: fresh for each run, so what a test reads from it this run wrote.
-_TEMP = re.compile(r"\b(tmp_path\w*|tmpdir\w*|tempfile|TemporaryDirectory|mkdtemp|mktemp)\b")
-_TEMP_PARAMETERS = frozenset({"tmp_path", "tmpdir", "tmp_dir", "dirname", "temp_dir"})
 # Saves that put every tensor on the CPU first (FSDP's state-dict configs).
 _CPU_SAVES = re.compile(r"offload_to_cpu\s*=\s*True")
 # Checkpoint handlers given the folder they write into (ignite, Lightning).
@@ -80,7 +77,21 @@ class LoadWithoutMapLocation(Rule):
     `@require_torch_accelerator`, `@unittest.skipIf(not torch.cuda.is_available(),
     ...)` and the like, on the test or its class; and loads that run only where
     `torch.cuda.is_available()` held (in its `if`, the `else` of `if not ...`, after
-    `if not torch.cuda.is_available(): return` or an `assert` of it).
+    `if not torch.cuda.is_available(): return` or an `assert` of it). Hard-wired
+    CUDA before a load (`model.cuda()`) does not make it safe: on a machine with
+    fewer GPUs, or in each process of a multi-GPU run, the tensors still go back to
+    the GPU that saved them.
+
+    And loads the code already guards or feeds itself: in a `try:` whose `except`
+    (catching the `RuntimeError`) loads the same file with `map_location`; in the
+    GPU branch of a test naming the device (`if use_cuda:`, `if args.device ==
+    "cuda":`; not a parameter the caller may leave at its default) whose other branch
+    loads it with `map_location`; of a file written just before, on every path, by a
+    function of the project that `torch.save`s to the parameter the call binds to that
+    file, or leaves at a default naming it (`train(model, data, save_path="best.pt")`
+    then `torch.load("best.pt")`); and in a test file, a helper's parameter that every
+    call passes a path in the calling test's temporary folder
+    (`check(os.path.join(tmp_path, "ep1.pt"))`).
 
     ## Why is this bad?
     `torch.save` records the device of every tensor. Without `map_location`,
@@ -128,18 +139,14 @@ class LoadWithoutMapLocation(Rule):
 
     def visit_words(self) -> tuple[str, ...]:
         # `call_name_in` accepts a callee whose last name or import alias is the word
-        return self.ctx.call_needles(_TORCH_LOAD)
+        return self.ctx.call_needles(TORCH_LOADS)
 
     def visit(self, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
-        name = self.ctx.call_name_in(node, _TORCH_LOAD)
-        if name is None:
-            return
-        if len(node.args) > _MAP_LOCATION_AT[name] or any(
-            kw.arg in ("map_location", None) for kw in node.keywords
-        ):
-            return  # positional map_location, or **kwargs that may carry it
-        source = node.args[0] if node.args else _keyword(node, "f", "url")
+        name = self.ctx.call_name_in(node, TORCH_LOADS)
+        if name is None or maps_location(self.ctx, node):
+            return  # map_location given (by position too), or **kwargs that may carry it
+        source = load_source(node)
         if source is None:
             return
         if (
@@ -152,6 +159,8 @@ class LoadWithoutMapLocation(Rule):
             or runs_only_with_gpu(self.ctx, node)
             or self._every_caller_passes_such(source)
             or self._state_saved_on_cpu(node)
+            or has_cpu_fallback(self.ctx, node, source)
+            or written_by_earlier_call(self.ctx, node, source)
         ):
             return
         last = max(
@@ -269,7 +278,8 @@ class LoadWithoutMapLocation(Rule):
     def _every_caller_passes_such(self, source: ast.expr) -> bool:
         """A parameter of a function of this file whose every call in the file passes a
         file written on this machine or from the CPU (`load_checkpoint("ckpt.pth")` of a
-        notebook whose earlier cell saved `ckpt.pth`)."""
+        notebook whose earlier cell saved `ckpt.pth`), or, in a test file, a path in the
+        calling test's temporary folder (`check(os.path.join(tmp_path, "ep1.pt"))`)."""
         function = self.ctx.enclosing_function()
         if (
             not isinstance(source, ast.Name)
@@ -280,14 +290,19 @@ class LoadWithoutMapLocation(Rule):
         params = parameter_slots(function, method=False)
         if source.id not in params:
             return False
+        test = is_test_file(self.ctx.path)
         passed: list[ast.expr] = []
-        for _, call in calls_on_lines(self.ctx, self.ctx.lines_naming([function.name])):
+        temporary = 0
+        for scope, call in calls_on_lines(self.ctx, self.ctx.lines_naming([function.name])):
             if isinstance(call.func, ast.Name) and call.func.id == function.name:
                 found = dict(bound_arguments(call, params)).get(source.id)
+                if test and found is not None and from_temp_folder(self.ctx, scope, found):
+                    temporary += 1
+                    continue  # this run writes it, on this machine
                 if not isinstance(found, ast.Constant):
                     return False  # a path made elsewhere, or not passed
                 passed.append(found)
-        return bool(passed) and all(self._written_on_cpu(p, p.lineno) for p in passed)
+        return bool(passed or temporary) and all(self._written_on_cpu(p, p.lineno) for p in passed)
 
     def _test_reads_its_temp_files(self) -> bool:
         """A test that works in a temporary folder (its own, or a fixture's of this file
@@ -296,12 +311,12 @@ class LoadWithoutMapLocation(Rule):
         if function is None or not is_test_file(self.ctx.path):
             return False
         params = {a.arg for a in (*function.args.posonlyargs, *function.args.args)}
-        if params & _TEMP_PARAMETERS or _TEMP.search(self.ctx.segment(function)):
+        if params & TEMP_PARAMETERS or TEMP.search(self.ctx.segment(function)):
             return True
         return any(
             isinstance(sub, ast.FunctionDef)
             and sub.name in params
-            and _TEMP.search(self.ctx.segment(sub)) is not None
+            and TEMP.search(self.ctx.segment(sub)) is not None
             for sub in self.ctx.tree.body
         )
 
@@ -446,10 +461,6 @@ class LoadWithoutMapLocation(Rule):
             ):
                 return True
         return False
-
-
-def _keyword(call: ast.Call, *names: str) -> ast.expr | None:
-    return next((k.value for k in call.keywords if k.arg in names), None)
 
 
 def _tests_existence(test: ast.expr, path: ast.expr) -> bool:
