@@ -54,7 +54,7 @@ def test_a_writer_killed_at_random_points_never_leaves_a_partial_file(tmp_path: 
     # most inside a later one (the temp file, fsync and rename included)
     started = time.perf_counter()
     td.save_checkpoint(tmp_path / "warm-up.pt", **_state(0))
-    save_seconds = time.perf_counter() - started
+    window = 3 * (time.perf_counter() - started)
     (tmp_path / "warm-up.pt").unlink()
     mid_write = 0
     last_step = -1
@@ -62,7 +62,7 @@ def test_a_writer_killed_at_random_points_never_leaves_a_partial_file(tmp_path: 
         pid = os.fork()
         if pid == 0:
             _writer(target, first_step=round_number * 1_000_000)
-        time.sleep(rng.uniform(0.0, 3 * save_seconds))
+        time.sleep(rng.uniform(0.0, window))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
@@ -72,6 +72,10 @@ def test_a_writer_killed_at_random_points_never_leaves_a_partial_file(tmp_path: 
             step = _assert_whole(target)
             assert step >= last_step  # never an older file than one already seen
             last_step = step
+        else:
+            # a loaded machine saves slower than the warm-up did: widen the window
+            # until saves complete, so that kills land inside later saves too
+            window *= 1.5
     assert last_step >= 0, "no save ever completed: the kill delays are too short"
     assert mid_write > 0, "no kill landed inside a save: the test proved nothing"
     # the next save cleans the dead writers' temp files
