@@ -4,7 +4,8 @@
 meeting when the class's `forward` (its own, or a base's in another project file)
 starts with `labels = labels.to(embeddings.device)`: whatever `labels` is passed, it is
 on a device before its data is read. Reading its size first (`labels.size(0)`, or in
-a helper that only reads sizes) is no read of its data.
+a helper that only reads sizes) is no read of its data. The move may sit under
+`if labels is not None:`: a None argument carries no tensor.
 
 Only for a class resolved for certain: built here by a name this file binds to a
 project class, every base read (torch's `nn.Module` and typing/abc aside), and
