@@ -4,7 +4,8 @@
 meeting when the class's `forward` (its own, or a base's in another project file)
 starts with `labels = labels.to(embeddings.device)`: whatever `labels` is passed, it is
 on a device before its data is read. Reading its size first (`labels.size(0)`, or in
-a helper that only reads sizes) is no read of its data.
+a helper that only reads sizes) is no read of its data. The move may sit under
+`if labels is not None:`: a None argument carries no tensor.
 
 Only for a class resolved for certain: built here by a name this file binds to a
 project class, every base read (torch's `nn.Module` and typing/abc aside), and
@@ -95,16 +96,16 @@ def _strict_mro(fl: FileLoops, cls: ast.ClassDef) -> list[tuple[FileLoops, ast.C
 
 def _moved_first(fl: FileLoops, func: ast.FunctionDef, names: list[str]) -> Iterator[str]:
     """The parameters of `func` whose first statement that reads or binds them is
-    `p = p.to(<x>.device)` / `p = p.to(device=...)` / `p = p.cuda()`."""
+    `p = p.to(<x>.device)` / `p = p.to(device=...)` / `p = p.cuda()`, or that move under
+    `if p is not None:` (a None argument carries no tensor)."""
     open_ = set(names)
     for part in _straight_line(func.body):
         if not open_:
             return
-        moved = _move_of(part)
+        found = _move_of(part)
         for name in list(open_):
-            if name == moved:
-                assert isinstance(part, ast.Assign) and isinstance(part.value, ast.Call)
-                if not _reads_data(part.value, name, fl, skip=part.value.func):
+            if found is not None and name == found[0]:
+                if not _reads_data(found[1], name, fl, skip=found[1].func):
                     yield name
                 open_.discard(name)
             elif _reads_data(part, name, fl) or _binds(part, name):
@@ -122,25 +123,53 @@ def _straight_line(body: list[ast.stmt]) -> Iterator[ast.AST]:
             yield stmt
 
 
-def _move_of(part: ast.AST) -> str | None:
-    """`p` of `p = p.to(x.device)` (or `device=`, or `p.cuda()`)."""
+def _move_of(part: ast.AST) -> tuple[str, ast.Call] | None:
+    """`p` and the call of `p = p.to(x.device)` (or `device=`, or `p.cuda()`), also as
+    `if p is not None: p = p.to(...)` or `p = p.to(...) if p is not None else None`."""
+    if isinstance(part, ast.If) and len(part.body) == 1 and not part.orelse:
+        found = _move_of(part.body[0])
+        return found if found is not None and _not_none(part.test, found[0]) else None
     if not (
         isinstance(part, ast.Assign)
         and len(part.targets) == 1
         and isinstance(part.targets[0], ast.Name)
-        and isinstance(part.value, ast.Call)
-        and isinstance(part.value.func, ast.Attribute)
-        and isinstance(part.value.func.value, ast.Name)
-        and part.value.func.value.id == part.targets[0].id
     ):
         return None
-    call, method = part.value, part.value.func.attr
+    name, call = part.targets[0].id, part.value
+    if (
+        isinstance(call, ast.IfExp)
+        and _not_none(call.test, name)
+        and isinstance(call.orelse, ast.Constant)
+        and call.orelse.value is None
+    ):
+        call = call.body
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and isinstance(call.func.value, ast.Name)
+        and call.func.value.id == name
+    ):
+        return None
+    method = call.func.attr
     first = call.args[0] if call.args else None
     to_device = method == "to" and (
         (isinstance(first, ast.Attribute) and first.attr == "device")
         or any(kw.arg == "device" for kw in call.keywords)
     )
-    return part.targets[0].id if to_device or method == "cuda" else None
+    return (name, call) if to_device or method == "cuda" else None
+
+
+def _not_none(test: ast.expr, name: str) -> bool:
+    """`test` is `name is not None`."""
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == name
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.IsNot)
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+    )
 
 
 def _binds(tree: ast.AST, name: str) -> bool:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from torchdoctor.check.analysis.moved_inputs import forward_moves
+from torchdoctor.check.analysis.loop_builds import loop_builds
+from torchdoctor.check.analysis.moved_inputs import Moves, forward_moves
 from torchdoctor.check.analysis.scope_moves import ScopeMoves
 from torchdoctor.check.analysis.syntax import dotted
 from torchdoctor.check.analysis.torch_api import _MODULE_SELF_METHODS, _trainable
@@ -105,15 +106,28 @@ class ScopeMethods(ScopeMoves):
 
     def _moved_inputs(self, node: ast.Call, callee: Value) -> frozenset[int]:
         """The arguments (ids of their nodes) the `forward` of `callee`, a module of a
-        project class built in this file, moves to a device before reading them."""
-        built = callee.source
-        if (
-            callee.kind is not Kind.MODULE
-            or callee.cls not in self.ff.project.module_classes
-            or not isinstance(built, ast.Call)
+        project class built in this file, moves to a device before reading them; for a
+        loop's name over a display of such modules, those every one of them moves."""
+        if callee.kind is not Kind.MODULE or (
+            callee.cls and callee.cls not in self.ff.project.module_classes
         ):
             return frozenset()
-        found = forward_moves(self.ctx, built)
+        if isinstance(callee.source, ast.Call):
+            builds: list[ast.Call] | None = [callee.source] if callee.cls else None
+        elif isinstance(node.func, ast.Name) and self.is_function:
+            builds = loop_builds(self.ctx, self.node, node.func.id)
+        else:
+            builds = None
+        common: frozenset[int] | None = None
+        for built in builds or ():
+            ids = self._moved_of(node, forward_moves(self.ctx, built))
+            common = ids if common is None else common & ids
+            if not common:
+                break
+        return common or frozenset()
+
+    @staticmethod
+    def _moved_of(node: ast.Call, found: Moves | None) -> frozenset[int]:
         if found is None or not found[1]:
             return frozenset()
         params, moved = found
