@@ -220,6 +220,18 @@ def statement_expressions(stmt: ast.stmt) -> list[ast.AST]:
     ]
 
 
+def parameter_defaults(args: ast.arguments) -> list[tuple[ast.arg, ast.expr]]:
+    """The parameters given a default, each with it: the last positional ones, then
+    the keyword-only ones that have one."""
+    positional = [*args.posonlyargs, *args.args]
+    with_default = positional[len(positional) - len(args.defaults) :]
+    pairs = list(zip(with_default, args.defaults, strict=True))
+    pairs += [
+        (a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
+    ]
+    return pairs
+
+
 def block_of(parent: ast.AST, child: ast.AST) -> list[ast.stmt]:
     """The statement list of `parent` that holds `child` (a body, `else`, `finally`, an
     `except` handler's or a `case`'s body), or [] where `child` is in none of them."""

@@ -20,12 +20,12 @@ from itertools import pairwise
 
 from torchdoctor.check.analysis.cpu_saves import SAVES, opened_path, save_path
 from torchdoctor.check.analysis.file_loops import sibling_file
-from torchdoctor.check.analysis.gpu_gates import all_reraise
+from torchdoctor.check.analysis.gpu_gates import always_run_calls
 from torchdoctor.check.analysis.saved_objects import same_file
 from torchdoctor.check.analysis.scope_index import binding
 from torchdoctor.check.analysis.wraps import bound_arguments, parameter_slots
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import block_of, iter_children, walk
+from torchdoctor.check.tree_walk import block_of, parameter_defaults, walk
 
 # Loaders that unpickle with `torch.load`, and the position of their `map_location`
 # parameter: the hub's download helpers pass theirs straight to `torch.load`.
@@ -77,41 +77,12 @@ def _preceding_calls(ctx: FileContext, node: ast.AST) -> Iterator[ast.Call]:
         block = block_of(parent, child)
         for index, stmt in enumerate(block):
             if stmt is child:
-                yield from _surely_run_calls(block[:index])
+                for found in always_run_calls(block[:index], loops_may_skip=True):
+                    if isinstance(found, ast.Call):
+                        yield found
                 break
         if isinstance(parent, _FUNCTIONS):
             return
-
-
-def _surely_run_calls(block: list[ast.stmt]) -> list[ast.Call]:
-    """The calls of a block that run whenever it runs to its end: as
-    `gpu_gates.always_run_calls`, and not in a loop's body or a comprehension's items
-    either (they may run zero times)."""
-    found: list[ast.Call] = []
-    todo: list[ast.AST] = list(block)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Call):
-            found.append(node)
-        if isinstance(node, _FUNCTIONS):
-            continue
-        if isinstance(node, ast.If | ast.While | ast.IfExp):
-            todo.append(node.test)
-        elif isinstance(node, ast.For | ast.AsyncFor):
-            todo.append(node.iter)
-        elif isinstance(node, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
-            todo.append(node.generators[0].iter)
-        elif isinstance(node, ast.BoolOp):
-            todo.append(node.values[0])
-        elif isinstance(node, ast.Try):
-            todo.extend(node.finalbody)
-            if all_reraise(node):
-                todo.extend(node.body)
-        elif isinstance(node, ast.Match):
-            todo.append(node.subject)
-        else:
-            todo.extend(iter_children(node, operators=False))
-    return found
 
 
 # -- a CPU fallback -----------------------------------------------------------
@@ -342,15 +313,7 @@ def _inner_arg(function: ast.FunctionDef | ast.AsyncFunctionDef, arg: ast.arg) -
 
 
 def _defaults(function: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, ast.expr]:
-    args = function.args
-    positional = [*args.posonlyargs, *args.args][
-        len(args.posonlyargs) + len(args.args) - len(args.defaults) :
-    ]
-    found = {a.arg: d for a, d in zip(positional, args.defaults, strict=True)}
-    found.update(
-        {a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None}
-    )
-    return found
+    return {a.arg: d for a, d in parameter_defaults(function.args)}
 
 
 def _literal(ctx: FileContext, scope: ast.AST, node: ast.expr, line: int) -> str | None:

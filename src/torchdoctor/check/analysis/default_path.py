@@ -20,18 +20,18 @@ import ast
 import dataclasses
 
 from torchdoctor.check.analysis.values import _TENSOR_KINDS, Env, Kind, Place, ScopeNode, Value
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.tree_walk import parameter_defaults, walk
 
 
 def none_defaults(func: ScopeNode) -> frozenset[str]:
     """Parameters of `func` whose default is None (`h=None`, `*, mask=None`)."""
     if isinstance(func, ast.Module):
         return frozenset()
-    args = func.args
-    params = [*args.posonlyargs, *args.args]
-    pairs = list(zip(params[len(params) - len(args.defaults) :], args.defaults, strict=False))
-    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=False) if d]
-    return frozenset(a.arg for a, d in pairs if isinstance(d, ast.Constant) and d.value is None)
+    return frozenset(
+        a.arg
+        for a, d in parameter_defaults(func.args)
+        if isinstance(d, ast.Constant) and d.value is None
+    )
 
 
 def _self_attr(node: ast.expr) -> str | None:

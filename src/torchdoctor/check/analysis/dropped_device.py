@@ -15,7 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 from torchdoctor.check.parsed_trees import parse_kept
-from torchdoctor.check.tree_walk import walk, walk_statements
+from torchdoctor.check.tree_walk import parameter_defaults, walk, walk_statements
 
 if TYPE_CHECKING:
     from torchdoctor.check.context import FileContext
@@ -48,9 +48,7 @@ def cuda_default_classes(path: str, source: str) -> dict[str, CudaDefault]:
             continue
         args = init.args
         params = [*args.posonlyargs, *args.args]
-        pairs = list(zip(params[len(params) - len(args.defaults) :], args.defaults, strict=False))
-        pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=False) if d]
-        for arg, default in pairs:
+        for arg, default in parameter_defaults(args):
             if "device" not in arg.arg.lower() or not _is_cuda(default):
                 continue
             if not _uses(init, arg.arg):

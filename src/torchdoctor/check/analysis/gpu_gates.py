@@ -288,10 +288,16 @@ def is_cuda_only_api(name: str) -> bool:
     return name.startswith("torch.cuda.") and name[11:] in _CUDA_ONLY_APIS
 
 
-def always_run_calls(block: list[ast.stmt]) -> list[ast.Call | ast.withitem]:
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def always_run_calls(
+    block: list[ast.stmt], *, loops_may_skip: bool = False
+) -> list[ast.Call | ast.withitem]:
     """The calls and `with` items of a block that always run when it runs: not in
     nested functions or classes, not in the branches of an `if`, not in a `try` body
-    whose errors are handled."""
+    whose errors are handled. `loops_may_skip`: not in a loop's body or a
+    comprehension's items either (they may run zero times)."""
     found: list[ast.Call | ast.withitem] = []
     todo: list[ast.AST] = list(block)
     while todo:
@@ -303,6 +309,10 @@ def always_run_calls(block: list[ast.stmt]) -> list[ast.Call | ast.withitem]:
             continue
         if isinstance(node, ast.If | ast.While | ast.IfExp):
             todo.append(node.test)
+        elif loops_may_skip and isinstance(node, ast.For | ast.AsyncFor):
+            todo.append(node.iter)
+        elif loops_may_skip and isinstance(node, _COMPREHENSIONS):
+            todo.append(node.generators[0].iter)
         elif isinstance(node, ast.BoolOp):
             todo.append(node.values[0])
         elif isinstance(node, ast.Try):

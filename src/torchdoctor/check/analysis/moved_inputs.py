@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from torchdoctor.check.analysis.class_calls import project_class
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis, sibling_file
 from torchdoctor.check.analysis.syntax import dotted
+from torchdoctor.check.analysis.wraps import parameter_slots
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.tree_walk import walk
 
@@ -66,7 +67,7 @@ def _forward_moves(fl: FileLoops, name: str) -> Moves | None:
     owner, _, forward = forwards[0]
     if not isinstance(forward, ast.FunctionDef) or forward.args.vararg is not None:
         return None
-    params = [p.arg for p in [*forward.args.posonlyargs, *forward.args.args]][1:]
+    params = parameter_slots(forward, method=True)
     names = [*params, *(p.arg for p in forward.args.kwonlyargs)]
     return params, frozenset(_moved_first(owner, forward, names))
 

@@ -19,6 +19,7 @@ from torchdoctor.check.analysis.values import (
     Value,
     _container_add,
 )
+from torchdoctor.check.analysis.wraps import bound_arguments
 
 if TYPE_CHECKING:
     pass
@@ -131,12 +132,8 @@ class ScopeMethods(ScopeMoves):
         if found is None or not found[1]:
             return frozenset()
         params, moved = found
-        ids: set[int] = set()
-        for index, arg in enumerate(node.args):
-            if isinstance(arg, ast.Starred):
-                break  # the positions after it are not known
-            if index < len(params) and params[index] in moved:
-                ids.add(id(arg))
+        # positions bind `params` (none after a `*args`); keywords keyword-only ones too
+        ids = {id(arg) for param, arg in bound_arguments(node, params) if param in moved}
         ids.update(id(kw.value) for kw in node.keywords if kw.arg in moved)
         return frozenset(ids)
 

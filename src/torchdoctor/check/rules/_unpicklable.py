@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.scope_index import assignments
 from torchdoctor.check.context import FileContext
-from torchdoctor.check.tree_walk import child_statements, walk
+from torchdoctor.check.tree_walk import child_statements, parameter_defaults, walk
 
 # Callees that store the functions they are given: class constructors and these.
 _STORING = frozenset({"partial", "functools.partial"})
@@ -109,14 +109,7 @@ class Finder:
         """The default value of the scope's parameter `name`, if it has one."""
         if not isinstance(self.scope, ast.FunctionDef | ast.AsyncFunctionDef):
             return None
-        args = self.scope.args
-        positional = [*args.posonlyargs, *args.args]
-        with_default = positional[len(positional) - len(args.defaults) :]
-        pairs = list(zip(with_default, args.defaults, strict=True))
-        pairs += [
-            (a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
-        ]
-        return next((d for a, d in pairs if a.arg == name), None)
+        return next((d for a, d in parameter_defaults(self.scope.args) if a.arg == name), None)
 
 
 def statements(node: ast.Module | ast.FunctionDef) -> Iterator[ast.stmt]:
