@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import ast
 import collections
+import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +125,19 @@ def score(
 
 _SOURCE_OPEN = re.compile(r'^\s*"source": \[\s*$')
 _SOURCE_ONE = re.compile(r'^\s*"source": "')
+
+
+def check_json(folder: Path) -> list[dict[str, Any]]:
+    """The default rules' findings on one repository folder, checked as one project
+    (torchdoctor's JSON report). The folder is inside git-ignored benchmarks/.work:
+    walk it anyway, with no excludes."""
+    command = [sys.executable, "-m", "torchdoctor", "check", "--isolated", "--no-cache"]
+    command += ["--no-respect-gitignore", "--exclude", "", "--format", "json", "--exit-zero"]
+    done = subprocess.run([*command, str(folder)], capture_output=True, text=True, cwd=folder)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchdoctor check failed on {folder.name}: {done.stderr[-300:]}")
+    found: list[dict[str, Any]] = json.loads(done.stdout)
+    return found
 
 
 def notebook_lines(raw: str) -> dict[tuple[int, int], int]:

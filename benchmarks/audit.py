@@ -21,12 +21,11 @@ import argparse
 import collections
 import csv
 import datetime
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 from _readme import write_section
+from _recall import check_json
 
 HERE = Path(__file__).resolve().parent
 SAMPLE = HERE / "bugs-audit.tsv"
@@ -52,11 +51,6 @@ def read_sample(path: Path = SAMPLE) -> dict[Key, str]:
 
 def findings(folder: Path) -> set[Key]:
     """The default rules' findings on one repository, as sample keys."""
-    command = [sys.executable, "-m", "torchdoctor", "check", "--isolated", "--no-cache"]
-    command += ["--no-respect-gitignore", "--exclude", "", "--format", "json", "--exit-zero"]
-    done = subprocess.run([*command, str(folder)], capture_output=True, text=True, cwd=folder)
-    if done.returncode != 0:
-        raise RuntimeError(f"torchdoctor check failed on {folder.name}: {done.stderr[-300:]}")
     root = folder.resolve()
     return {
         (
@@ -66,7 +60,7 @@ def findings(folder: Path) -> set[Key]:
             f["line"],
             f["code"],
         )
-        for f in json.loads(done.stdout)
+        for f in check_json(folder)
     }
 
 

@@ -260,15 +260,9 @@ def rebuild(
 
 def torchdoctor_findings(folder: Path) -> list[_recall.Finding]:
     """The default rules on one item folder, checked as one project."""
-    command = [sys.executable, "-m", "torchdoctor", "check", "--isolated", "--no-cache"]
-    # the folder is inside git-ignored benchmarks/.work: walk it anyway, with no excludes
-    command += ["--no-respect-gitignore", "--exclude", "", "--format", "json", "--exit-zero"]
-    done = subprocess.run([*command, str(folder)], capture_output=True, text=True, cwd=folder)
-    if done.returncode != 0:
-        raise RuntimeError(f"torchdoctor check failed on {folder.name}: {done.stderr[-300:]}")
     found = []
     notebooks: dict[str, dict[tuple[int, int], int]] = {}
-    for f in json.loads(done.stdout):
+    for f in _recall.check_json(folder):
         path = Path(f["filename"]).resolve().relative_to(folder.resolve()).as_posix()
         line = f["line"]
         if f.get("cell") is not None:  # a notebook: back to the line of its JSON text
