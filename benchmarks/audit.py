@@ -1,6 +1,6 @@
 """Precision on code torchdoctor was never tuned on: a judged random sample of its findings.
 
-    .venv/bin/python benchmarks/audit.py [--write]
+    .venv/bin/python benchmarks/audit.py [--write] [--sample TSV]
 
 The clean corpus (precision.py) is where the rules were tuned, so its share of false alarms
 flatters them. benchmarks/bugs-audit.tsv holds an independent sample: 120 findings drawn at
@@ -108,11 +108,16 @@ def report(counts: dict[str, tuple[int, int]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write the table into README.md")
-    args = parser.parse_args()
-    text = report(measure(read_sample()))
+    parser.add_argument("--sample", type=Path, default=SAMPLE, help="the judged sample (TSV)")
+    args = parser.parse_args(argv)
+    try:
+        sample = read_sample(args.sample)
+    except (OSError, ValueError) as exc:  # a missing file, a short row, a bad number
+        raise SystemExit(f"audit: {args.sample}: {exc}") from None
+    text = report(measure(sample))
     print(text)
     if args.write:
         write_section("bugs-audit", text, heading="Precision on code we never tuned on")

@@ -37,6 +37,20 @@ def test_an_unknown_verdict_is_refused(tmp_path: Path) -> None:
         audit.read_sample(path)
 
 
+@pytest.mark.parametrize(
+    "row", ["a+b@1\tx.py\t\t3\tTD402\tmaybe\twhy\tme\n", "a+b@1\tx.py\t\tthree\tTD402\n"]
+)
+def test_a_bad_sample_file_is_one_line_and_no_traceback(tmp_path: Path, row: str) -> None:
+    path = tmp_path / "audit.tsv"
+    path.write_text(row, encoding="utf-8")
+    with pytest.raises(SystemExit) as exited:
+        audit.main(["--sample", str(path)])
+    assert str(exited.value).startswith(f"audit: {path}: ")
+    assert "\n" not in str(exited.value)
+    with pytest.raises(SystemExit, match="No such file"):
+        audit.main(["--sample", str(tmp_path / "missing.tsv")])
+
+
 def test_findings_are_keyed_like_the_sample(tmp_path: Path) -> None:
     folder = tmp_path / "owner+repo@0123456789ab"
     folder.mkdir()
