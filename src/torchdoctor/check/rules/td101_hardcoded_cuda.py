@@ -5,6 +5,7 @@ import re
 from typing import TYPE_CHECKING, ClassVar
 
 from torchdoctor.check.analysis.device_choice import device_reason
+from torchdoctor.check.analysis.device_domain import field_offers, is_option_call, option_offers
 from torchdoctor.check.analysis.dropped_device import dropped_device
 from torchdoctor.check.analysis.gpu_gates import imports_cuda_only_package
 from torchdoctor.check.rule import Rule, Severity
@@ -26,6 +27,10 @@ _PREDICATE = re.compile(
 _HINT = (
     'choose the device once, e.g. `device = torch.device("cuda" if '
     'torch.cuda.is_available() else "cpu")` (or `td.pick_device()`), and use `.to(device)`'
+)
+_SETTING_HINT = (
+    'default to what the machine has: `"cuda" if torch.cuda.is_available() else "cpu"` '
+    '(or an "auto" value resolved that way)'
 )
 
 
@@ -50,6 +55,15 @@ class HardcodedCuda(Rule):
     It also finds a function given a device that builds a project class whose device
     defaults to CUDA without passing it (`self.attn = Attention(dim)` in
     `Block.__init__(self, dim, device)`): the class takes CUDA whatever was chosen.
+
+    And it finds a device setting that declares other devices but defaults to CUDA:
+    a command-line option whose choices offer `"cpu"`, `"mps"`, `"xpu"` or `"auto"`
+    (`add_argument("--device", default="cuda", choices=["cuda", "cpu"])`,
+    `click.option(..., default="cuda", type=click.Choice([...]))`), or a
+    configuration field whose `Literal[...]` type or validator
+    (`@field_validator("device")`, a `self.device in (...)` test) accepts one: run
+    without the option, or with the default configuration, the program fails on
+    the machines it says it supports.
 
     A script that shows no other device was written for a GPU machine; its
     hard-wired CUDA is reported by TD115 (advice, off by default).
@@ -78,7 +92,8 @@ class HardcodedCuda(Rule):
       the process group's GPU;
     - in files that import a GPU-only package on first use (`global
       transformer_engine` then `import transformer_engine` in a function);
-    - for default values (`def run(device="cuda")`, a dataclass field),
+    - for default values (`def run(device="cuda")`, a dataclass field, an option)
+      that declare no other device: the caller or user chooses; for
       f-strings (`f"cuda:{rank}"`) and GPUs indexed by the process's rank
       (`.cuda(rank)`, `torch.device("cuda", local_rank)`: one GPU per process
       of a distributed job), fake tensors, and `autocast("cuda")` /
@@ -164,6 +179,9 @@ class HardcodedCuda(Rule):
                 self._check_dropped(node)
             if self._dropped_only:
                 return
+            if self._literals and is_option_call(node):
+                self._check_option(node)
+                return
             if last != "cuda" and not (
                 self._literals
                 and (
@@ -176,6 +194,9 @@ class HardcodedCuda(Rule):
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             if node.value.__class__ is not ast.Constant:
                 return  # only a "cuda" string is reported
+            if self.ctx.stack and isinstance(self.ctx.stack[-1], ast.ClassDef):
+                self._check_field(node, self.ctx.stack[-1])
+                return
             culprit, message = self._check_assign(node)
         else:
             return
@@ -184,6 +205,51 @@ class HardcodedCuda(Rule):
         reason = device_reason(self.ctx, [*self.ctx.stack, node], node)
         if self.reports(reason):
             self.report(culprit, message if reason is None else f"{message}: {reason}", hint=_HINT)
+
+    def _check_option(self, call: ast.Call) -> None:
+        """A command-line option that offers other devices but defaults to CUDA
+        (analysis/device_domain.py): the run without the option fails off the GPU."""
+        default = _keyword(call, "default")
+        if not _is_cuda_literal(default):
+            return
+        offers = option_offers(self.ctx, call)
+        if not offers or self._choice.guarded(_decorator_chain([*self.ctx.stack, call])):
+            return
+        if not self.reports(f"its choices offer {_quoted(offers)}"):
+            return  # the offer is the evidence the program runs off the GPU: TD101's
+        names = [a.value for a in call.args if isinstance(a, ast.Constant)]
+        flag = next((n for n in names if isinstance(n, str)), "the option")
+        assert default is not None
+        self.report(
+            default,
+            f"`{flag}` defaults to {self.ctx.segment(default)} although its choices offer "
+            f"{_quoted(offers)}: run without the option on a machine with no CUDA GPU, "
+            "the program fails",
+            hint=_SETTING_HINT,
+        )
+
+    def _check_field(self, node: ast.Assign | ast.AnnAssign, cls: ast.ClassDef) -> None:
+        """A class attribute is a configurable default, like a parameter's: reported only
+        where the class declares it accepts other devices (a `Literal` type, a validator)."""
+        if not _is_cuda_literal(node.value):
+            return
+        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+        if not isinstance(target, ast.Name):
+            return
+        annotation = node.annotation if isinstance(node, ast.AnnAssign) else None
+        offers = field_offers(cls, target.id, annotation)
+        if not offers or self._choice.guarded([*self.ctx.stack, node]):
+            return
+        if not self.reports(f"the class accepts {_quoted(offers)}"):
+            return
+        assert node.value is not None
+        self.report(
+            node.value,
+            f"`{cls.name}.{target.id}` defaults to {self.ctx.segment(node.value)} although "
+            f"the class accepts {_quoted(offers)}: the default configuration fails on a "
+            "machine with no CUDA GPU",
+            hint=_SETTING_HINT,
+        )
 
     def _check_dropped(self, call: ast.Call) -> None:
         """A class whose device defaults to CUDA, built without the device this
@@ -258,8 +324,6 @@ class HardcodedCuda(Rule):
     def _check_assign(self, node: ast.Assign | ast.AnnAssign) -> tuple[ast.AST | None, str]:
         if not _is_cuda_literal(node.value):
             return None, ""
-        if self.ctx.stack and isinstance(self.ctx.stack[-1], ast.ClassDef):
-            return None, ""  # a class attribute is a configurable default, like a parameter's
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for target in targets:
             name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "")
@@ -271,6 +335,21 @@ class HardcodedCuda(Rule):
                     "machine without one"
                 )
         return None, ""
+
+
+def _decorator_chain(chain: list[ast.AST]) -> list[ast.AST]:
+    """A decorator runs where its function is defined: the chain up to that function
+    (whose decorators mentioning the device are no guard of their own)."""
+    for i, node in enumerate(chain[:-1]):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and any(
+            chain[i + 1] is d for d in node.decorator_list
+        ):
+            return chain[: i + 1]
+    return chain
+
+
+def _quoted(values: list[str]) -> str:
+    return ", ".join(f'"{v}"' for v in values)
 
 
 def _per_rank(args: list[ast.expr]) -> bool:
