@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,17 @@ def test_unknown_rule_for_the_rule_command_suggests_the_closest(td: CLI) -> None
     assert run.err.startswith("torchdoctor: error: unknown rule 'TD4O2' (did you mean 'TD402'?)")
     run = td("rule", "load-without-map-locaton")
     assert "(did you mean 'load-without-map-location'?)" in run.err
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 parses PEP 701 f-strings")
+def test_newer_f_string_syntax_is_named_not_called_an_error(td: CLI, project: Path) -> None:
+    # valid Python 3.12 (quotes reused inside the f-string), which older grammars reject
+    write(project / "newer.py", 'import time\nstamp = f"{time.strftime("%Y")}"\n')
+    write(project / "broken.py", "x = (1,\n")
+    code, lines = concise(td, "newer.py", "broken.py")
+    assert code == 1
+    newer = next(line for line in lines if line.startswith("newer.py"))
+    assert newer.startswith("newer.py:2:")
+    assert "valid Python 3.12" in newer and "run torchdoctor under Python 3.12" in newer
+    broken = next(line for line in lines if line.startswith("broken.py"))
+    assert "3.12" not in broken  # an ordinary syntax error gets no such note

@@ -103,6 +103,19 @@ def syntax_error_finding(message: str, line: int = 1, column: int = 1) -> Findin
     )
 
 
+def _newer_syntax_note(exc: SyntaxError) -> str:
+    """Python 3.12 f-strings may reuse their quotes inside (PEP 701): valid code the
+    grammar of an older interpreter, which torchdoctor parses with, rejects."""
+    if sys.version_info >= (3, 12) or not (exc.msg or "").startswith("f-string"):
+        return ""
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return (
+        f" (if the f-string reuses its quotes inside, it is valid Python 3.12 that Python "
+        f"{running}, which torchdoctor runs on, cannot parse: run torchdoctor under "
+        "Python 3.12 or newer to check this file)"
+    )
+
+
 # -- checking one source text -----------------------------------------------------------
 def select_rules(enabled: frozenset[str]) -> list[type[Rule]]:
     return [rule for rule in rule_classes() if rule.code in enabled]
@@ -141,7 +154,7 @@ def check_source(
     except SyntaxError as exc:
         return [
             syntax_error_finding(
-                f"SyntaxError: {exc.msg}; the file was not checked",
+                f"SyntaxError: {exc.msg}{_newer_syntax_note(exc)}; the file was not checked",
                 exc.lineno or 1,
                 exc.offset or 1,
             )

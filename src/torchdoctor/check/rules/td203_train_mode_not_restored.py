@@ -131,9 +131,9 @@ _RESTORE = re.compile(r"\btrain\(|[\"']train[\"']|train\s*=\s*True")
 def _restores_after(fl: FileLoops, caller: FunctionInfo, call: ast.AST) -> bool:
     """Some code of `caller` after `call` may set training mode again."""
     end = getattr(call, "end_lineno", 0) or 0
-    lines = fl.ctx.segment(caller.node).splitlines()
-    start = getattr(caller.node, "lineno", 1)
-    return bool(_RESTORE.search("\n".join(lines[max(end - start + 1, 0) :])))
+    # the caller may be the module's top-level code, which has no span of its own
+    last = getattr(caller.node, "end_lineno", None) or len(fl.ctx.lines)
+    return bool(_RESTORE.search("\n".join(fl.ctx.lines[end:last])))
 
 
 def _evaluation_call(node: ast.AST) -> bool:
