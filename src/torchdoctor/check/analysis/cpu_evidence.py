@@ -30,7 +30,12 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from torchdoctor.check.analysis.torch_api import _TENSOR_ATTRS_SAME, PRESERVING_METHODS, REDUCTIONS
+from torchdoctor.check.analysis.torch_api import (
+    _TENSOR_ATTRS_SAME,
+    PRESERVING_METHODS,
+    REDUCTIONS,
+    is_cpu_name,
+)
 from torchdoctor.check.context import IDENTIFIER, FileContext
 from torchdoctor.check.tree_walk import iter_children, walk
 
@@ -298,7 +303,7 @@ def _to_cpu(call: ast.Call) -> bool:
     for kw in call.keywords:
         if kw.arg == "device":
             target = kw.value
-    return isinstance(target, ast.Constant) and target.value == "cpu"
+    return isinstance(target, ast.Constant) and is_cpu_name(target.value)
 
 
 def _children(node: ast.AST) -> list[tuple[ast.AST, _Branch | None]]:

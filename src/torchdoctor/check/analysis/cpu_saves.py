@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterator
 
 from torchdoctor.check.analysis.scope_index import binding, calls_on_lines, scope_nodes
+from torchdoctor.check.analysis.torch_api import is_cpu_name
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.tree_walk import walk
 
@@ -216,7 +217,7 @@ def _chain_moves(call: ast.expr) -> Iterator[str]:
 
 
 def _is_cpu(node: ast.expr) -> bool:
-    return isinstance(node, ast.Constant) and node.value == "cpu"
+    return isinstance(node, ast.Constant) and is_cpu_name(node.value)
 
 
 def root_name(node: ast.expr) -> str:

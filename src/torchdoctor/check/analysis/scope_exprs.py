@@ -16,6 +16,7 @@ from torchdoctor.check.analysis.torch_api import (
     _LOADERISH,
     _TENSOR_ATTRS_SAME,
     _TENSOR_META_ATTRS,
+    is_cpu_name,
     legacy_type_place,
 )
 from torchdoctor.check.analysis.values import (
@@ -81,7 +82,7 @@ class ScopeExprs(ScopeCore):
         if value is None:
             return NONE
         if isinstance(value, str):
-            if value == "cpu":
+            if is_cpu_name(value):
                 return Value(Kind.DEVICE, Place.CPU, name=repr(value))
             if _DEVICE_STRING.match(value):
                 return Value(Kind.DEVICE, Place.DEVICE, name=repr(value), device=repr(value))

@@ -17,6 +17,7 @@ from torchdoctor.check.analysis.torch_api import (
     MEETING_METHODS,
     PRESERVING_METHODS,
     REDUCTIONS,
+    is_cpu_name,
     is_dtype_text,
     legacy_type_place,
 )
@@ -241,7 +242,7 @@ class ScopeMoves(ScopeLibrary):
         """Place and text of a device argument (`device`, "cuda", torch.device(...))."""
         text = self._text(target)
         if isinstance(target, ast.Constant):
-            if target.value == "cpu":
+            if is_cpu_name(target.value):
                 return Place.CPU, text
             if isinstance(target.value, str | int) and not isinstance(target.value, bool):
                 return Place.DEVICE, text
@@ -269,7 +270,7 @@ class ScopeMoves(ScopeLibrary):
             return None
         if isinstance(target, ast.Call) and self.ctx.call_name(target) == "torch.device":
             first = target.args[0] if target.args else None
-            if isinstance(first, ast.Constant) and first.value == "cpu":
+            if isinstance(first, ast.Constant) and is_cpu_name(first.value):
                 return Place.CPU, text
         return Place.DEVICE, text
 

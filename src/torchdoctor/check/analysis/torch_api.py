@@ -27,6 +27,8 @@ def _names(table: str, key: str) -> frozenset[str]:
 
 
 FACTORIES = _names("torch", "factories")
+# factories only in the overload given a size: `torch.normal(mean_t, std_t)` follows its tensors
+SIZED_FACTORIES = _names("torch", "sized_factories")
 LIKE_FACTORIES = _names("torch", "like_factories")
 LEGACY_CONSTRUCTORS = _names("torch", "legacy_constructors")
 IDENTITY_FUNCTIONS = _names("torch", "identity")
@@ -99,3 +101,8 @@ def _trainable(module: Value) -> bool:
     if module.kind is not Kind.MODULE or module.is_input:
         return False
     return module.optimizer is not None or module.cls in PARAMETRISED_LAYERS
+
+
+def is_cpu_name(value: object) -> bool:
+    """`"cpu"`, `"cpu:0"`: a device string naming the CPU."""
+    return isinstance(value, str) and (value == "cpu" or value.startswith("cpu:"))
