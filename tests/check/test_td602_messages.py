@@ -15,6 +15,7 @@ a = Variable(x)
 b = Variable(x, requires_grad=True)
 c = Variable(x, requires_grad=False)
 d = Variable(x, volatile=True)
+e = Variable(x, volatile=is_training)
 """
 
 
@@ -37,3 +38,11 @@ def test_requires_grad_names_the_equivalent_call() -> None:
 
 def test_volatile_points_at_no_grad() -> None:
     assert "torch.no_grad()" in _messages()[8]
+
+
+def test_a_computed_volatile_flag_is_not_called_true() -> None:
+    # `volatile=is_training` is true on the path that trains: no_grad there would break it
+    message = _messages()[9]
+    assert "volatile=is_training" in message
+    assert "volatile=True" not in message
+    assert "where gradients are not wanted" in message

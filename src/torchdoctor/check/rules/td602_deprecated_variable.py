@@ -116,10 +116,18 @@ class DeprecatedVariable(Rule):
                 "`Variable(x, requires_grad=...)` is a legacy wrapper since PyTorch 0.4; "
                 "use `x.detach().requires_grad_()` (or `.requires_grad_()` on a new tensor)"
             )
-        if volatile is not None and not _is_false(volatile):
+        if volatile is not None and _is_true(volatile):
             message = (
                 "`Variable(..., volatile=True)` has had no effect since PyTorch 0.4: "
                 "autograd still records the graph; run this under `with torch.no_grad():`"
+            )
+        elif volatile is not None and not _is_false(volatile):
+            # a computed flag: where it is true the graph is recorded all the same, and
+            # whether that path wants gradients the code decides, not this rule
+            message = (
+                f"`Variable(..., volatile={self.ctx.segment(volatile)})` is a legacy wrapper "
+                "and `volatile` has had no effect since PyTorch 0.4; use the tensor itself, "
+                "under `torch.no_grad()` where gradients are not wanted"
             )
         self.report(node, message, fix=self._fix(node))
 
@@ -193,3 +201,7 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
 
 def _is_false(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and node.value is False
+
+
+def _is_true(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
