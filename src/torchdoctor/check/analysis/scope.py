@@ -315,7 +315,9 @@ class ScopeFlow(ScopeLoops):
                     and base.ndim == len(indices)
                     and not any(isinstance(i, ast.Slice) for i in indices)
                 )
-                if not one_element:
+                # only a value known to be a tensor: `target` is the array, not the value,
+                # so the scope's evidence about an unknown one would be read for the wrong name
+                if not one_element and value.kind is not Kind.UNKNOWN:
                     self._converted(target, target, value, "an assignment into a NumPy array")
                 return  # still the same array
             if base.kind is Kind.CONTAINER:
