@@ -20,6 +20,10 @@ _COLLECTIVES = frozenset({"all_reduce", "all_gather", "broadcast", "reduce", "al
 _INITIALISERS = frozenset(
     {"zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "copy_", "exponential_"}
 )
+# Methods whose result holds the same values (moved or cast): what fills it fills them.
+_VALUE_KEEPING = frozenset(
+    {"to", "cuda", "cpu", "long", "float", "double", "half", "int", "contiguous", "pin_memory"}
+)
 _DTYPES = {
     "Float": "torch.float32",
     "Double": "torch.float64",
@@ -215,6 +219,9 @@ class LegacyTensorType(Rule):
         `self.v = nn.Parameter(T(...))`, `params.append(nn.Parameter(T(...)))`."""
         stack = self.ctx.stack
         depth = len(stack) - 1
+        # `T(n, m).to(device)`: a move or cast keeps the (uninitialised) values
+        while depth >= 1 and _keeps_values(stack[depth], stack[depth - 1]):
+            depth -= 2
         if depth >= 0 and isinstance(stack[depth], ast.Call):
             wrapper = stack[depth]
             assert isinstance(wrapper, ast.Call)
@@ -334,3 +341,13 @@ def _sizes(call: ast.Call) -> bool:
             getattr(func, "attr", getattr(func, "id", "")) == "Size"
         )
     return False
+
+
+def _keeps_values(attribute: ast.AST, call: ast.AST) -> bool:
+    """`<tensor>.to(device)` (the attribute, then its call): same values, moved or cast."""
+    return (
+        isinstance(attribute, ast.Attribute)
+        and attribute.attr in _VALUE_KEEPING
+        and isinstance(call, ast.Call)
+        and call.func is attribute
+    )
