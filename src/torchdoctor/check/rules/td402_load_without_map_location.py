@@ -23,6 +23,7 @@ from torchdoctor.check.analysis.cpu_saves import (
 )
 from torchdoctor.check.analysis.gpu_gates import runs_only_with_gpu
 from torchdoctor.check.analysis.names import is_test_file
+from torchdoctor.check.analysis.published_weights import published_by_pytorch
 from torchdoctor.check.analysis.saved_objects import file_keys, same_file
 from torchdoctor.check.analysis.scope_index import calls_on_lines
 from torchdoctor.check.analysis.wraps import bound_arguments, parameter_slots
@@ -55,6 +56,10 @@ class LoadWithoutMapLocation(Rule):
     members) and whose devices it means to restore. In a notebook, which runs its cells
     top to bottom in one session, so is a file an earlier cell wrote (`torch.save`,
     `trainer.save_checkpoint`, or into the folder of a `ModelCheckpoint`/`DiskSaver`).
+    So are PyTorch's own published weights (a `https://download.pytorch.org/` URL,
+    directly, through a name bound only to such URLs, or as an item of a dict of them:
+    `load_url(model_urls[arch])`), which are saved from the CPU and which torchvision
+    itself loads without `map_location`.
     So are loads of what holds no GPU tensors, as the file shows: NumPy arrays (the
     result goes to `torch.from_numpy`), a `GradScaler`'s state (floats and ints), and
     files the project itself writes from the CPU. A save writes CPU tensors when its
@@ -161,6 +166,7 @@ class LoadWithoutMapLocation(Rule):
             or self._state_saved_on_cpu(node)
             or has_cpu_fallback(self.ctx, node, source)
             or written_by_earlier_call(self.ctx, node, source)
+            or published_by_pytorch(source, self._scope(), self.ctx.tree)
         ):
             return
         last = max(
