@@ -4,12 +4,13 @@ import ast
 import functools
 import re
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from torchdoctor.check.analysis.events import BACKWARD, Event
 from torchdoctor.check.analysis.file_flow import file_flow
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.grad_contexts import with_item_context
 from torchdoctor.check.analysis.graph_flow import graph_passing_parameter
 from torchdoctor.check.analysis.kept_state import kept_arguments
 from torchdoctor.check.analysis.names import is_torch_file
@@ -24,6 +25,9 @@ from torchdoctor.check.rules._accumulations import (
 )
 from torchdoctor.check.rules._kept_by_callers import report_kept_for_callers
 from torchdoctor.check.tree_walk import iter_children, walk
+
+if TYPE_CHECKING:
+    from torchdoctor.check.context import FileContext
 
 # Calls that give a plain number or a graph-free tensor.
 _DETACHING = frozenset({"item", "detach", "tolist", "numpy", "float", "int", "data", "cpu"})
@@ -40,7 +44,8 @@ class LossKeptWithGraph(Rule):
     requires grad), with no `.item()`, `.detach()` or `float()` around it. The
     accumulator must outlive the iteration (defined before the loop) and must not
     itself be given to `backward()` later (summing losses on purpose to call
-    `backward()` once is fine).
+    `backward()` once is fine). A sum made inside `with torch.no_grad():` has no
+    graph and is left alone; an `append(loss)` there still keeps the loss's graph.
 
     An object of the project's own classes counts as an accumulator when the method
     called adds its argument up in the object's state (`meter.update(loss)` where
@@ -145,8 +150,13 @@ class LossKeptWithGraph(Rule):
                     continue
                 graph |= _parts_of(loop, graph) | _returned_parts(fl, fi, loop, graph)
                 graph |= _fellow_outputs(loop, graph)
+                quiet = _under_no_grad(self.ctx, loop)
                 for stmt, acc, value in accumulations(loop, kept):
                     if id(stmt) in reported or acc in graph or acc in backed:
+                        continue
+                    if id(stmt) in quiet and _arithmetic(stmt):
+                        # `with torch.no_grad(): total += loss` makes a sum with no graph
+                        # (an `append(loss)` there still keeps `loss` and its graph)
                         continue
                     culprit = self._carries_graph(fi, value, graph)
                     if culprit is None or reset_inside(loop, acc, stmt):
@@ -283,6 +293,27 @@ class LossKeptWithGraph(Rule):
             fix=fix,
             hint=f"accumulate `{culprit}.item()` (a float) or `{culprit}.detach()`",
         )
+
+
+def _under_no_grad(ctx: FileContext, loop: ast.AST) -> set[int]:
+    """Statements of the loop inside a `with torch.no_grad():` (or `inference_mode`,
+    `set_grad_enabled(False)`) block: a sum made there holds no graph."""
+    if "grad" not in ctx.segment(loop) and "inference_mode" not in ctx.segment(loop):
+        return set()
+    quiet: set[int] = set()
+    for node in walk(loop):
+        if isinstance(node, ast.With | ast.AsyncWith) and any(
+            with_item_context(ctx, item.context_expr, frozenset()).no_grad for item in node.items
+        ):
+            for stmt in node.body:
+                quiet.update(id(sub) for sub in walk(stmt))
+    return quiet
+
+
+def _arithmetic(stmt: ast.AST) -> bool:
+    return isinstance(stmt, ast.AugAssign) or (
+        isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.BinOp)
+    )
 
 
 def _scope_node(fi: FunctionInfo) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.Module:
