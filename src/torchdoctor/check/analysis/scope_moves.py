@@ -99,12 +99,18 @@ class ScopeMoves(ScopeLibrary):
         if method in PRESERVING_METHODS:
             reshaping = method in ("view", "reshape", "unsqueeze", "expand", "repeat")
             kind = _tensor_kind(recv)
-            if recv.kind is Kind.PARAMETER and method in DTYPE_NAMES:
-                kind = Kind.PARAMETER  # `.float()` of a float32 parameter returns itself
+            if recv.kind is Kind.PARAMETER and (method in DTYPE_NAMES or method.endswith("_")):
+                # `.float()` of a float32 parameter, and in-place methods
+                # (`.requires_grad_(False)`), return the parameter itself
+                kind = Kind.PARAMETER
+            grad = recv.grad and method not in _INDEX_RESULTS
+            if method == "requires_grad_":
+                flag = node.args[0] if node.args else None
+                grad = not (isinstance(flag, ast.Constant) and flag.value is False)
             return dataclasses.replace(
                 recv,
                 kind=kind,
-                grad=(recv.grad and method not in _INDEX_RESULTS) or method == "requires_grad_",
+                grad=grad,
                 scalar=False if reshaping else recv.scalar,
                 output=False,
             )
