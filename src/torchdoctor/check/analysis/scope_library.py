@@ -16,6 +16,7 @@ from torchdoctor.check.analysis.torch_api import (
     _NOT_OPTIMIZERS,
     _PASS_THROUGH_ITERATORS,
     DATA_PARALLEL,
+    DEVICE_TOLERANT,
     FACTORIES,
     IDENTITY_FUNCTIONS,
     LEGACY_CONSTRUCTORS,
@@ -305,7 +306,10 @@ class ScopeLibrary(ScopeExprs):
         if not meets:
             return None
         operands: list[tuple[ast.expr, Value]] = []
-        for arg_node, value in zip(node.args, args, strict=False):
+        tolerant = DEVICE_TOLERANT.get(qual.removeprefix("torch."), frozenset())
+        for position, (arg_node, value) in enumerate(zip(node.args, args, strict=False)):
+            if position in tolerant:
+                continue  # `F.ctc_loss(log_probs, cpu_targets, ...)`: taken from any device
             if isinstance(arg_node, ast.List | ast.Tuple):
                 for elt in arg_node.elts:
                     item = self.value(elt) if self._recording else UNKNOWN

@@ -9,7 +9,7 @@ from torchdoctor.check.analysis.loop_builds import loop_builds
 from torchdoctor.check.analysis.moved_inputs import Moves, forward_moves
 from torchdoctor.check.analysis.scope_moves import ScopeMoves
 from torchdoctor.check.analysis.syntax import dotted
-from torchdoctor.check.analysis.torch_api import _MODULE_SELF_METHODS, _trainable
+from torchdoctor.check.analysis.torch_api import _MODULE_SELF_METHODS, DEVICE_TOLERANT, _trainable
 from torchdoctor.check.analysis.values import (
     _TENSOR_KINDS,
     NONE,
@@ -42,7 +42,10 @@ class ScopeMethods(ScopeMoves):
         operands: list[tuple[ast.expr, Value]] = []
         if callee.place is not Place.UNKNOWN:
             operands.append((node.func, callee))
-        for arg_node, value in zip(node.args, args, strict=False):
+        tolerant = DEVICE_TOLERANT.get(callee.cls.rsplit(".", 1)[-1], frozenset())
+        for position, (arg_node, value) in enumerate(zip(node.args, args, strict=False)):
+            if position in tolerant and callee.kind is Kind.MODULE:
+                continue  # `nn.CTCLoss()(log_probs, cpu_targets, ...)`: any device
             arg_node = arg_node.value if isinstance(arg_node, ast.Starred) else arg_node
             operands.extend(self._tensor_operands(arg_node, value))
         for kw, (_, value) in zip(node.keywords, keywords, strict=False):

@@ -27,6 +27,11 @@ def _names(table: str, key: str) -> frozenset[str]:
 
 
 FACTORIES = _names("torch", "factories")
+# module class / torch function name -> argument positions that may be on any device
+DEVICE_TOLERANT: dict[str, frozenset[int]] = {
+    name: frozenset(positions)
+    for name, positions in LIBRARY["modules"]["device_tolerant_arguments"].items()
+}
 # factories only in the overload given a size: `torch.normal(mean_t, std_t)` follows its tensors
 SIZED_FACTORIES = _names("torch", "sized_factories")
 LIKE_FACTORIES = _names("torch", "like_factories")
