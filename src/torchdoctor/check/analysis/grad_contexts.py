@@ -197,7 +197,9 @@ def with_item_context(
 ) -> GradContext:
     if isinstance(expr, ast.Call):
         name = ctx.qualname(expr.func) or ""
-        if name in _NO_GRAD_CALLS or name in ("no_grad", "inference_mode"):
+        # any library's `no_grad()` (`paddle.no_grad()`, a project's wrapper), as for
+        # decorators: the name is the convention for a context with gradients off
+        if name in _NO_GRAD_CALLS or name.rsplit(".", 1)[-1] in ("no_grad", "inference_mode"):
             return GradContext(no_grad=True)
         if name in _GRAD_SWITCH_CALLS or name in ("set_grad_enabled", "enable_grad"):
             if (
