@@ -11,6 +11,7 @@ from torchdoctor.check.analysis.events import (
     STEP,
     UNSCALE,
     Event,
+    opposite_sides,
     same_path,
 )
 from torchdoctor.check.analysis.file_loops import analysis
@@ -36,6 +37,10 @@ class GradScalerMisuse(Rule):
     - gradient hooks that clamp (`p.register_hook(lambda g: g.clamp(-c, c))`, registered
       by a function of another file of the project) in a class or function that builds
       and steps a `GradScaler`: hooks run inside backward, on scaled gradients.
+
+    Two `if`s on one setting not rebound between them take the same side in a run:
+    the scaled backward of `if self.fp16:` never meets the plain `step()` in the
+    `else` of a later `if self.fp16:`.
 
     ## Why is this bad?
     `scaler.scale(loss)` multiplies the loss by the scale factor -- 65536 (2**16)
@@ -93,7 +98,11 @@ class GradScalerMisuse(Rule):
             scaled = [e for e in events if e.kind == BACKWARD and e.scaler is not None]
             reported: set[int] = set()
             for backward in scaled:
-                window = self._after(events, backward)
+                window = [
+                    e
+                    for e in self._after(events, backward)
+                    if not opposite_sides(backward, e, fi.node)
+                ]
                 for event in window:
                     if id(event.node) in reported:
                         continue
