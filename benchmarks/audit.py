@@ -1,13 +1,15 @@
-"""Precision on code torchdoctor was never tuned on: a judged random sample of its findings.
+"""Precision on code torchdoctor was never tuned on: judged random samples of its findings.
 
     .venv/bin/python benchmarks/audit.py [--write] [--sample TSV]
 
 The clean corpus (precision.py) is where the rules were tuned, so its share of false alarms
-flatters them. benchmarks/bugs-audit.tsv holds an independent sample: 120 findings drawn at
-random (seed 15, one per distinct finding) from what the default rules of main at c3b9b51
-reported on the whole repositories of the real-bug corpus (benchmarks/.work/bugs-context/,
-made by `bugs.py rebuild --context`), each read in its code and given one verdict
-(worth-fixing, intended, false-alarm, unsure) with its reason.
+flatters them. Each sample here is independent: findings drawn at random (one per distinct
+finding) from what the default rules of main reported on the whole repositories of the
+real-bug corpus (benchmarks/.work/bugs-context/, made by `bugs.py rebuild --context`), each
+read in its code and given one verdict (worth-fixing, intended, false-alarm, unsure) with its
+reason. A sample's `# drawn from ...` line says when and how it was drawn:
+benchmarks/bugs-audit.tsv (the first, 120 findings at c3b9b51) and bugs-audit-2.tsv (96
+findings at daec40d, none of them in the first).
 
 This script checks the sampled repositories again with today's torchdoctor and counts, per
 verdict, how many sampled findings it still reports: false alarms should go, worth-fixing
@@ -33,6 +35,15 @@ CONTEXT = HERE / ".work" / "bugs-context"
 VERDICTS = ("worth-fixing", "intended", "false-alarm", "unsure")
 
 Key = tuple[str, str, int, int, str]  # folder, file, cell (0: not a notebook), line, code
+
+
+def drawn_from(path: Path) -> str:
+    """The sample's `# drawn from ...` line (how it was drawn), or ""."""
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("# drawn from "):
+                return line[2:].strip()
+    return ""
 
 
 def read_sample(path: Path = SAMPLE) -> dict[Key, str]:
@@ -82,13 +93,14 @@ def measure(sample: dict[Key, str]) -> dict[str, tuple[int, int]]:
     return {verdict: (sampled[verdict], kept[verdict]) for verdict in VERDICTS}
 
 
-def report(counts: dict[str, tuple[int, int]]) -> str:
+def report(counts: dict[str, tuple[int, int]], path: Path = SAMPLE, origin: str = "") -> str:
     total = sum(n for n, _ in counts.values())
     kept_total = sum(k for _, k in counts.values())
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    drawn = f"{origin}; " if origin else ""
     lines = [
         f"Measured {when} by `benchmarks/audit.py` on the {total} sampled findings of "
-        "benchmarks/bugs-audit.tsv (drawn from main at c3b9b51; see the script's docstring). "
+        f"benchmarks/{path.name} ({drawn}see the script's docstring). "
         "Default rules, each sampled repository checked whole.",
         "",
         "| verdict at sampling | sampled | still reported | gone |",
@@ -117,10 +129,14 @@ def main(argv: list[str] | None = None) -> None:
         sample = read_sample(args.sample)
     except (OSError, ValueError) as exc:  # a missing file, a short row, a bad number
         raise SystemExit(f"audit: {args.sample}: {exc}") from None
-    text = report(measure(sample))
+    text = report(measure(sample), args.sample, drawn_from(args.sample))
     print(text)
     if args.write:
-        write_section("bugs-audit", text, heading="Precision on code we never tuned on")
+        if args.sample.resolve() == SAMPLE:
+            write_section("bugs-audit", text, heading="Precision on code we never tuned on")
+        else:
+            heading = f"Precision on code we never tuned on: {args.sample.stem}"
+            write_section(args.sample.stem, text, heading=heading)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,18 @@ def test_the_committed_sample_is_judged_and_comes_from_bug_repositories() -> Non
     assert {folder.split("@")[0] for folder, *_ in sample} <= repos
 
 
+def test_the_second_sample_is_judged_apart_from_the_first() -> None:
+    second = BENCHMARKS / "bugs-audit-2.tsv"
+    sample = audit.read_sample(second)
+    assert len(sample) == 96
+    assert set(sample.values()) <= set(audit.VERDICTS)
+    first = {(folder.split("@")[0], file, line) for folder, file, _, line, _ in audit.read_sample()}
+    assert not {(folder.split("@")[0], file, line) for folder, file, _, line, _ in sample} & first
+    assert audit.drawn_from(second).startswith("drawn from main at daec40d")
+    text = audit.report({v: (1, 1) for v in audit.VERDICTS}, second, audit.drawn_from(second))
+    assert "benchmarks/bugs-audit-2.tsv (drawn from main at daec40d" in text
+
+
 def test_an_unknown_verdict_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "audit.tsv"
     path.write_text("a+b@1\tx.py\t\t3\tTD402\tmaybe\twhy\tme\n", encoding="utf-8")
