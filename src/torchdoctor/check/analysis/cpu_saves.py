@@ -52,8 +52,28 @@ def _file_saves(ctx: FileContext) -> list[tuple[ast.AST, ast.Call, ast.expr]]:
             continue
         path = save_path(call)
         if path is not None:
-            found.append((scope, call, opened_path(ctx, scope, path)))
+            found.append((scope, call, bound_once(scope, opened_path(ctx, scope, path))))
     return found
+
+
+def bound_once(scope: ast.AST, node: ast.expr) -> ast.expr:
+    """What a name is bound to when `scope` binds it exactly once, by a plain assignment
+    (`save_path = os.path.join(d, f"out-{tag}.pt")`); else the node itself."""
+    if not isinstance(node, ast.Name):
+        return node
+    values: list[ast.expr] = []
+    for sub in walk(scope):
+        if isinstance(sub, ast.Assign):
+            for target in sub.targets:
+                if isinstance(target, ast.Name) and target.id == node.id:
+                    values.append(sub.value)
+                elif any(isinstance(t, ast.Name) and t.id == node.id for t in walk(target)):
+                    return node  # unpacked: no single value
+        elif isinstance(sub, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr) and any(
+            isinstance(t, ast.Name) and t.id == node.id for t in walk(sub.target)
+        ):
+            return node
+    return values[0] if len(values) == 1 else node
 
 
 def opened_path(ctx: FileContext, scope: ast.AST, handle: ast.expr) -> ast.expr:

@@ -16,6 +16,7 @@ from torchdoctor.check.analysis.before_load import (
     written_by_earlier_call,
 )
 from torchdoctor.check.analysis.cpu_saves import (
+    bound_once,
     file_saves,
     loads_cpu_saved_state,
     opened_path,
@@ -213,6 +214,8 @@ class LoadWithoutMapLocation(Rule):
         file name the path holds) that `cpu_saves.saved_on_cpu` shows."""
         if _CPU_SAVES.search(self.ctx.source):
             return True
+        # `load_path = os.path.join(d, f"out-{tag}.pt")`: the path a name is bound to once
+        source = bound_once(self._scope(), source)
         names = _file_names(source) or {self.ctx.segment(source)}
         return any(
             names & (_file_names(written) or {self.ctx.segment(written)})
@@ -487,11 +490,13 @@ def _tests_existence(test: ast.expr, path: ast.expr) -> bool:
 def _file_names(path: ast.expr) -> set[str]:
     """The file names written in a path expression: `"trainfeat.pth"` in
     `os.path.join(out, "trainfeat.pth")`."""
-    return {
+    names = {
         n.value.rsplit("/", 1)[-1]
         for n in walk(path)
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and "." in n.value
     }
+    # `".pt"` of `f"out-{tag}.pt"` is an extension, no name: any such f-string has it
+    return {name for name in names if not name.startswith(".")}
 
 
 def _is_bytes_io(name: str | None) -> bool:
