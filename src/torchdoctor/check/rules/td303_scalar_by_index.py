@@ -42,6 +42,9 @@ class ScalarByIndex(Rule):
     `.backward()` on with no arguments (which only works for a scalar), or
     assigns from a loss function (`F.cross_entropy(...)`, a
     `criterion = nn.CrossEntropyLoss()` call) with its default reduction.
+    A name that only looks like a loss is left alone when the function makes it
+    by a reduction that keeps its dimensions (`loss = loss.mean(dim=0,
+    keepdim=True)`, also added into `total_loss`): a 1-element vector.
 
     ## Why is this bad?
     Before PyTorch 0.4 a loss was a 1-element vector and `loss.data[0]` read its
@@ -105,7 +108,7 @@ class ScalarByIndex(Rule):
         via_data = isinstance(value, ast.Attribute) and value.attr == "data"
         tensor = value.value if isinstance(value, ast.Attribute) and via_data else value
         proof = self._scalar_proof(tensor, node, method_reductions=via_data)
-        if proof is None and via_data and _loss_name(tensor):
+        if proof is None and via_data and _loss_name(tensor) and not self._keeps_dims(tensor):
             proof = ""  # only the name says so
         if proof is None and via_data:
             proof = self._scalar_arithmetic(tensor, node, depth=3)
@@ -184,6 +187,31 @@ class ScalarByIndex(Rule):
         if proof is None:
             proof = self._scalar_arithmetic(expr, at, depth - 1)
         return proof
+
+    def _keeps_dims(self, tensor: ast.expr) -> bool:
+        """Counter-evidence to a loss-like name: the scope makes it (or adds into it) a
+        reduction that keeps its dimensions (`loss = loss.mean(dim=0, keepdim=True)`,
+        `total_loss += loss`): a 1-element vector, which `[0]` indexes fine."""
+        if not isinstance(tensor, ast.Name) or "keepdim" not in self.ctx.source:
+            return False
+        scope = self.ctx.enclosing_function() or self.ctx.tree
+        made: dict[str, list[ast.expr]] = {}
+        for sub in walk_statements(scope):
+            if isinstance(sub, ast.Assign | ast.AugAssign):
+                targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                for target in targets:
+                    if isinstance(target, ast.Name):
+                        made.setdefault(target.id, []).append(sub.value)
+        values = list(made.get(tensor.id, ()))
+        values += [v for n in values if isinstance(n, ast.Name) for v in made.get(n.id, ())]
+        return any(
+            isinstance(value, ast.Call)
+            and any(
+                kw.arg == "keepdim" and isinstance(kw.value, ast.Constant) and kw.value.value
+                for kw in value.keywords
+            )
+            for value in values
+        )
 
     def _may_prove(self, scope: ast.AST) -> bool:
         """Cheap text test before the walk: no `.backward(`, loss or reduction, no proof."""
