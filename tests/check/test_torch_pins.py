@@ -100,6 +100,18 @@ def test_setup_py_read_from_requirements_files() -> None:
     ) == ([], ["requirements/base.txt"])
 
 
+def test_setup_py_computed_versions() -> None:
+    # a version we cannot know is any version; a function's list is read too
+    assert _setup('setup(install_requires=[f"torch>={V}", f"numpy=={N}"])') == (
+        ["torch>=*", "numpy==*"],
+        [],
+    )
+    assert _setup('def main():\n    r = ["torch<2"]\n    setup(install_requires=r)') == (
+        ["torch<2"],
+        [],
+    )
+
+
 def test_setup_py_unknown() -> None:
     assert _setup("from deps import REQS\nsetup(install_requires=REQS)") is None
     assert _setup("setup(install_requires=compute())") is None
@@ -160,6 +172,7 @@ def test_every_declaration_counts(tmp_path: Path) -> None:
         ({"environment.yml": "dependencies:\n  - pytorch>=1.8,<2\n"}, (1, 999)),
         ({"environment.yml": "dependencies:\n  - pip:\n    - torch==2.1.0\n"}, (2, 1)),
         ({"requirements.txt": "numpy\n"}, None),
+        ({"setup.py": 'setup(install_requires=["torch<2", f"torch>={MIN}"])'}, None),
         ({"requirements.txt": "-r missing.txt\ntorch<2\n"}, (1, 999)),
         ({"setup.py": "setup(install_requires=get())", "requirements.txt": "torch<2"}, None),
     ],

@@ -61,7 +61,8 @@ def _is_setup(func: ast.expr) -> bool:
 class _Reader:
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
-        # name -> the values bound to it anywhere outside functions, each with the
+        # name -> the values bound to it anywhere (`def main(): reqs = [...]; setup(...)`
+        # too: one name's bindings in several functions only add strings), each with the
         # `with` statements around the binding
         self.bindings: dict[str, list[tuple[ast.expr, list[ast.With]]]] = {}
         self.functions: dict[str, ast.FunctionDef] = {}
@@ -72,6 +73,7 @@ class _Reader:
         for stmt in body:
             if isinstance(stmt, ast.FunctionDef):
                 self.functions[stmt.name] = stmt
+                self._collect(stmt.body, [])
                 continue
             if isinstance(stmt, ast.ClassDef | ast.AsyncFunctionDef):
                 continue
@@ -131,6 +133,9 @@ class _Reader:
             return None
         if isinstance(expr, ast.Constant):
             return ([expr.value] if isinstance(expr.value, str) else []), []
+        if isinstance(expr, ast.JoinedStr):  # f"torch>={MIN}": torch, of a version unknown
+            pieces = [v.value if isinstance(v, ast.Constant) else "*" for v in expr.values]
+            return ["".join(str(piece) for piece in pieces)], []
         parts: list[ast.expr] | None = None
         if isinstance(expr, ast.List | ast.Tuple | ast.Set):
             parts = list(expr.elts)
