@@ -14,6 +14,7 @@ from torchdoctor.check.lines import NEWLINE, split_lines
 from torchdoctor.check.registry import rules_by_code
 from torchdoctor.check.rule import FixAvailability
 from torchdoctor.check.source_text import decode_source
+from torchdoctor.check.torch_pins import PinsFinder
 
 FIXTURES = Path(__file__).parent / "fixtures"
 _EXPECT = re.compile(r"#.*?expect:\s*(?P<codes>TD\d{3}(?:\s*,\s*TD\d{3})*)")
@@ -70,8 +71,10 @@ def run_rule(
         unsafe_fixes=rule.fix_availability is FixAvailability.UNSAFE,
     )
     out = {}
+    pins = PinsFinder()  # a project fixture's dependency files pin torch as a project's do
     for f, text in sources.items():
-        findings, new_text, _ = check_text(text, str(f), [rule], project, options)
+        ceiling = pins.ceiling_for(str(f))
+        findings, new_text, _ = check_text(text, str(f), [rule], project, options, ceiling)
         out[f] = ({(f.name, x.line, x.code) for x in findings}, new_text)
     return out
 

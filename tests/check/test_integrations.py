@@ -55,6 +55,21 @@ def test_flake8_plugin_class_directly(project: Path) -> None:
     assert list(Flake8Plugin(ast.parse("x = 1"), "stdin", ["x = 1\n"]).run()) == []
 
 
+def test_flake8_plugin_reads_the_torch_pins(project: Path) -> None:
+    import ast
+
+    from torchdoctor.check.flake8_plugin import Flake8Plugin
+
+    source = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
+    path = write(project / "pinned" / "a.py", source)
+    write(project / "pinned" / "requirements.txt", "torch>=1.10,<2\n")
+    lines = source.splitlines(keepends=True)
+    assert list(Flake8Plugin(ast.parse(source), str(path), lines).run()) == []
+    unpinned = write(project / "unpinned" / "a.py", source)
+    found = list(Flake8Plugin(ast.parse(source), str(unpinned), lines).run())
+    assert [msg.split()[0] for _, _, msg, _ in found] == ["TD601"]
+
+
 def test_pre_commit_hook_definition_runs_and_honours_excludes(project: Path) -> None:
     yaml = pytest.importorskip("yaml")
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())

@@ -23,6 +23,7 @@ from typing import Any
 from torchdoctor import __version__
 from torchdoctor.check.fix import atomic_write
 from torchdoctor.check.rule import Edit, Finding, Fix, FixAvailability
+from torchdoctor.check.torch_pins import TorchCeiling
 
 CACHE_DIR = ".torchdoctor_cache"
 _FORMAT = 1
@@ -46,7 +47,7 @@ def file_key(
     data: bytes,
     path: str,
     rule_codes: Sequence[str],
-    target_version: tuple[int, int] | None,
+    versions: tuple[tuple[int, int] | None, TorchCeiling | None],
     project_fingerprint: str,
 ) -> str:
     digest = hashlib.sha256(data)
@@ -55,7 +56,7 @@ def file_key(
             (
                 path,
                 ",".join(rule_codes),
-                repr(target_version),
+                repr(versions),  # the target version, or the project's torch pins
                 project_fingerprint,
                 engine_fingerprint(),
             )

@@ -8,7 +8,7 @@ import functools
 import os
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from torchdoctor.check import line_search
 from torchdoctor.check.findings import Edit, Finding, Fix, FixAvailability
@@ -16,6 +16,9 @@ from torchdoctor.check.import_aliases import collect_imports
 from torchdoctor.check.lines import line_starts, split_lines
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.tree_walk import forget_walks
+
+if TYPE_CHECKING:
+    from torchdoctor.check.torch_pins import TorchCeiling
 
 _T = TypeVar("_T")
 
@@ -69,6 +72,7 @@ class FileContext:
         project: ProjectIndex,
         *,
         target_version: tuple[int, int] | None = None,
+        torch_ceiling: TorchCeiling | None = None,
     ) -> None:
         self.path = path
         self.source = source
@@ -77,6 +81,9 @@ class FileContext:
         # The torch version the checked code targets (`target-version`, `--target-version`),
         # as (major, minor); None when not configured. Version-dependent rules read it.
         self.target_version = target_version
+        # Without one: the newest torch the project's dependency pins allow (torch_pins.py);
+        # None when they allow any newer torch too.
+        self.torch_ceiling = torch_ceiling
         self._imports: dict[str, str] | None = None
         # Ancestors of the node being visited, outermost first (kept by the engine).
         self.stack: list[ast.AST] = []
@@ -339,6 +346,14 @@ class FileContext:
         newer torch has should then assume the oldest supported torch may be in use.
         """
         return self.target_version is not None and self.target_version >= (major, minor)
+
+    def torch_may_be_at_least(self, major: int, minor: int) -> bool:
+        """Whether the code may run on torch `major.minor` or newer: the configured target
+        version is that new, or (none configured) the project's pins allow such a version.
+        True when neither says: today's torch."""
+        if self.target_version is not None:
+            return self.target_version >= (major, minor)
+        return self.torch_ceiling is None or self.torch_ceiling.allows_at_least(major, minor)
 
     def is_module_class(self, cls: ast.ClassDef) -> bool:
         """Whether `cls` subclasses torch.nn.Module (through this file or the project)."""

@@ -32,6 +32,7 @@ from torchdoctor.check.tree_walk import (
 
 if TYPE_CHECKING:
     from torchdoctor.check.notebook import Notebook
+    from torchdoctor.check.torch_pins import TorchCeiling
 
 __all__ = [
     "SOURCE_SUFFIXES",
@@ -128,6 +129,7 @@ def check_source(
     project: ProjectIndex | None = None,
     *,
     target_version: tuple[int, int] | None = None,
+    torch_ceiling: TorchCeiling | None = None,
     tree: ast.Module | None = None,
 ) -> list[Finding]:
     """Run `rules` on one source text; never raises for bad input or a broken rule.
@@ -164,7 +166,9 @@ def check_source(
         reason = str(exc) or f"{type(exc).__name__} (nested too deeply for the parser?)"
         return [syntax_error_finding(f"cannot parse: {reason}; the file was not checked")]
     project = project if project is not None else build_project([source])
-    ctx = FileContext(path, source, tree, project, target_version=target_version)
+    ctx = FileContext(
+        path, source, tree, project, target_version=target_version, torch_ceiling=torch_ceiling
+    )
     ctx.share_words(words, word_text, chunks)
     # a trigger that several rules share (`backward`, `forward`) is looked for once
     present: dict[str, bool] = {}
@@ -413,15 +417,26 @@ def check_text(
     rules: Sequence[type[Rule]],
     project: ProjectIndex,
     options: RunOptions,
+    torch_ceiling: TorchCeiling | None = None,
 ) -> tuple[list[Finding], str, int]:
-    """Check one text; with fix/diff, fix until stable.
+    """Check one text; with fix/diff, fix until stable. `torch_ceiling`: what the
+    project's pins allow (torch_pins.py), read when no target version is configured.
 
     Returns (findings left, final text, number of fixes applied).
     """
     from torchdoctor.check.fix import apply_edits
 
-    version = options.target_version
-    findings = check_source(source, path, rules, project, target_version=version)
+    def check(text: str) -> list[Finding]:
+        return check_source(
+            text,
+            path,
+            rules,
+            project,
+            target_version=options.target_version,
+            torch_ceiling=torch_ceiling,
+        )
+
+    findings = check(source)
     if not (options.fix or options.diff):
         return findings, source, 0
     newline = first_newline(source)
@@ -433,7 +448,7 @@ def check_text(
             break
         text = new_text
         total += applied
-        findings = check_source(text, path, rules, project, target_version=version)
+        findings = check(text)
     return findings, text, total
 
 

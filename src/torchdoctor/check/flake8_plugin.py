@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from torchdoctor.catalog import catalog
 from torchdoctor.check.analysis.project_facts import build_project
 from torchdoctor.check.config import Settings, find_config, load_settings
 from torchdoctor.check.engine import RunOptions, check_source, rules_for
+from torchdoctor.check.torch_pins import PinsFinder, TorchCeiling
 from torchdoctor.errors import TorchDoctorError
 
 
@@ -36,6 +38,14 @@ def _settings_in(folder: str) -> tuple[Settings, RunOptions]:
         {code: info.group for code, info in entries.items()},
     )
     return settings, RunOptions(enabled=enabled, target_version=settings.target_version)
+
+
+_PINS = PinsFinder()  # flake8 runs one process per batch of files: each folder read once
+
+
+@functools.cache
+def _ceiling_in(folder: str) -> TorchCeiling | None:
+    return _PINS.ceiling_for(os.path.join(folder, "_.py"))
 
 
 class Flake8Plugin:
@@ -59,6 +69,9 @@ class Flake8Plugin:
             rules_for(path, settings, options),
             build_project([source]),
             target_version=options.target_version,
+            torch_ceiling=(
+                _ceiling_in(str(path.absolute().parent)) if options.target_version is None else None
+            ),
             tree=self.tree if isinstance(self.tree, ast.Module) else None,
         )
         for f in findings:

@@ -25,6 +25,7 @@ from torchdoctor.check.parsed_trees import checks_first, freeze_kept
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.registry import rules_by_code
 from torchdoctor.check.rule import Finding
+from torchdoctor.check.torch_pins import TorchCeiling
 
 # Fewer files than this per worker are checked in-process: a worker costs ~20-50 ms.
 MIN_FILES_PER_WORKER = 8
@@ -35,6 +36,7 @@ class Task:
     path: str
     text: str
     rule_codes: tuple[str, ...]
+    torch_ceiling: TorchCeiling | None = None  # what the project's pins allow (torch_pins.py)
 
 
 @dataclass
@@ -113,7 +115,9 @@ def check_task(task: Task, project: ProjectIndex, options: RunOptions) -> Outcom
         by_code = rules_by_code()
         rules = [by_code[code] for code in task.rule_codes if code in by_code]
         with recording_siblings() as siblings:
-            findings, text, fixed = check_text(task.text, task.path, rules, project, options)
+            findings, text, fixed = check_text(
+                task.text, task.path, rules, project, options, task.torch_ceiling
+            )
         collect_young_garbage()
         return Outcome(findings, text, fixed, tuple(sorted(siblings)))
     except Exception as exc:  # never lose the whole run to one file

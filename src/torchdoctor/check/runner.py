@@ -37,6 +37,7 @@ from torchdoctor.check.notebook import (
 from torchdoctor.check.parallel import Outcome, Task, default_jobs, run_tasks
 from torchdoctor.check.project import ProjectIndex
 from torchdoctor.check.rule import Finding
+from torchdoctor.check.torch_pins import PinsFinder
 
 STDIN = Path("-")
 
@@ -106,6 +107,8 @@ def run_check(
     project.root = os.path.abspath(settings.root)
     cache = ResultCache(settings.root) if use_cache else None
     fingerprint = project.fingerprint()
+    # without a configured target version, what each file's project pins (torch_pins.py)
+    pins = PinsFinder() if options.target_version is None else None
 
     results: list[FileResult | None] = []
     tasks: list[Task] = []
@@ -117,16 +120,18 @@ def run_check(
             results.append(FileResult(display, [source.error]))
             continue
         codes = tuple(rule.code for rule in rules_for(source.path, settings, options))
+        ceiling = pins.ceiling_for(display) if pins is not None else None
+        versions = (options.target_version, ceiling)
         key = None
         if cache is not None and source.data is not None:
-            key = file_key(source.data, display, codes, options.target_version, fingerprint)
+            key = file_key(source.data, display, codes, versions, fingerprint)
             cached = cache.get(display, key)
             if cached is not None and not _would_fix(cached, options):
                 results.append(_result(source, Outcome(cached, source.text, 0)))
                 continue
         pending.append((len(results), source, key))
         results.append(None)
-        tasks.append(Task(display, source.text, codes))
+        tasks.append(Task(display, source.text, codes, ceiling))
 
     outcomes = run_tasks(tasks, project, options, jobs or default_jobs())
     for (slot, source, key), outcome, task in zip(pending, outcomes, tasks, strict=True):
@@ -148,9 +153,8 @@ def run_check(
                 continue  # the findings belong to text that is not on disk: do not cache
         if cache is not None and key is not None and data is not None:
             if data is not source.data:
-                key = file_key(
-                    data, task.path, task.rule_codes, options.target_version, fingerprint
-                )
+                versions = (options.target_version, task.torch_ceiling)
+                key = file_key(data, task.path, task.rule_codes, versions, fingerprint)
             cache.put(task.path, key, outcome.findings, outcome.dependencies)
     if cache is not None:
         cache.save()

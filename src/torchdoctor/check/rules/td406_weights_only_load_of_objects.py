@@ -44,8 +44,10 @@ class WeightsOnlyLoadOfObjects(Rule):
     function binds: a shared constant (`f"{prefix}{KEYS.MODEL_FILE}"` in both) anywhere in
     the project, a literal name with a stem (`f"{prefix}model.pt"`) in the same folder (a
     bare suffix, `f"{epoch}.pt"`, names no file).
-    Quiet when the file registers safe globals (`add_safe_globals`, `safe_globals`) or
-    the configured `target-version` is older than torch 2.6.
+    Quiet when the file registers safe globals (`add_safe_globals`, `safe_globals`),
+    when the configured `target-version` is older than torch 2.6, or, with no
+    `target-version`, when the project's dependency pins allow no torch 2.6 or newer
+    (`torch~=2.5.0`, `torch<2.6`).
 
     ## Why is this bad?
     Since torch 2.6 `torch.load` defaults to `weights_only=True`, which unpickles only
@@ -83,8 +85,8 @@ class WeightsOnlyLoadOfObjects(Rule):
     triggers: ClassVar[tuple[str, ...]] = ("save", "load")
 
     def finish(self) -> None:
-        if self.ctx.target_version is not None and not self.ctx.targets_torch_at_least(2, 6):
-            return
+        if not self.ctx.torch_may_be_at_least(2, 6):
+            return  # older torch loads with weights_only=False
         source = self.ctx.source
         # every (scope, file expression) `torch.save` writes to, with the line
         self.written: list[tuple[ast.AST, str, int, ast.expr]] = []

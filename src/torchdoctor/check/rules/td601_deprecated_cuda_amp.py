@@ -44,7 +44,9 @@ class DeprecatedCudaAmp(Rule):
     `hasattr` test, an `except` handler), type checks and annotations
     (`isinstance(s, GradScaler)`, `scaler: GradScaler`), identity tests
     (`func is torch.cuda.amp.autocast`), and projects whose configured
-    `target-version` is older than 2.4, where this API is not deprecated yet.
+    `target-version` is older than 2.4, where this API is not deprecated yet, or,
+    with no `target-version`, whose dependency pins allow no torch 2.4 or newer
+    (`torch>=1.10,<2` in setup.py, `torch==2.3.1` as the only torch requirement).
 
     ## Why is this bad?
     Since PyTorch 2.4 each of them emits
@@ -101,8 +103,8 @@ class DeprecatedCudaAmp(Rule):
         return (*_LAST_NAMES, *aliases)
 
     def visit(self, node: ast.AST) -> None:
-        if self.ctx.target_version is not None and self.ctx.target_version < (2, 4):
-            return  # deprecated in 2.4; older targets may need exactly this API
+        if not self.ctx.torch_may_be_at_least(2, 4):
+            return  # deprecated in 2.4; older torch may need exactly this API
         if isinstance(node, ast.Call):
             self._visit_call(node)
             return
