@@ -17,7 +17,6 @@ from torchdoctor.check.analysis.torch_api import (
     _PASS_THROUGH_ITERATORS,
     DATA_PARALLEL,
     DEVICE_TOLERANT,
-    FACTORIES,
     IDENTITY_FUNCTIONS,
     LEGACY_CONSTRUCTORS,
     LIKE_FACTORIES,
@@ -27,8 +26,8 @@ from torchdoctor.check.analysis.torch_api import (
     NUMPY_CONVERTING_MODULES,
     OPTIMIZER_PREFIX,
     REDUCTIONS,
-    SIZED_FACTORIES,
     is_cpu_name,
+    is_factory_call,
     legacy_type_place,
 )
 from torchdoctor.check.analysis.values import UNKNOWN, Kind, Place, Value
@@ -238,7 +237,7 @@ class ScopeLibrary(ScopeExprs):
         args: list[Value],
         keywords: list[tuple[str | None, Value]],
     ) -> Value | None:
-        if qual.count(".") == 1 and last in FACTORIES and _sized_if_needed(node, last):
+        if qual.count(".") == 1 and is_factory_call(node, last):
             return self._factory(node, qual, last)
         if qual.startswith("torch.distributions."):
             return self._distribution_function(node, last, args, keywords)
@@ -498,14 +497,3 @@ def _every_path_parts(node: ast.AST) -> list[ast.AST]:
         else:
             todo.extend(ast.iter_child_nodes(current))
     return found
-
-
-def _sized_if_needed(call: ast.Call, last: str) -> bool:
-    """A factory's call, unless the function makes a new tensor only when given a size
-    (`torch.normal(0.0, 1.0, (3,))`) and this call gives none: it then computes on its
-    tensor arguments (`torch.normal(mean_t, std_t)`)."""
-    return (
-        last not in SIZED_FACTORIES
-        or len(call.args) >= 3
-        or any(kw.arg == "size" for kw in call.keywords)
-    )

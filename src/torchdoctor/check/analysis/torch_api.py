@@ -6,6 +6,7 @@ this module loads them once and gives each a name.
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from importlib import resources
@@ -111,3 +112,14 @@ def _trainable(module: Value) -> bool:
 def is_cpu_name(value: object) -> bool:
     """`"cpu"`, `"cpu:0"`: a device string naming the CPU."""
     return isinstance(value, str) and (value == "cpu" or value.startswith("cpu:"))
+
+
+def is_factory_call(call: ast.Call, last: str) -> bool:
+    """`torch.<last>(...)` makes a new tensor: a factory, unless the function makes one
+    only when given a size (`torch.normal(0.0, 1.0, (3,))`) and this call gives none: it
+    then computes on its tensor arguments (`torch.normal(mean_t, std_t)`)."""
+    return last in FACTORIES and (
+        last not in SIZED_FACTORIES
+        or len(call.args) >= 3
+        or any(kw.arg == "size" for kw in call.keywords)
+    )
