@@ -146,7 +146,7 @@ def opposite_sides(a: Event, b: Event, scope: ast.AST) -> bool:
                 and isinstance(y.node, ast.If)
                 and {x.label, y.label} == {"body", "orelse"}
                 and _setting(x.node.test) is not None
-                and ast.dump(x.node.test) == ast.dump(y.node.test)
+                and _setting(x.node.test) == _setting(y.node.test)
                 and not _rebinds(scope, _setting(x.node.test) or "", x.node, y.node)
             ):
                 return True
