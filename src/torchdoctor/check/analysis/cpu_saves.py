@@ -254,3 +254,15 @@ def keyword(call: ast.Call, name: str) -> ast.expr | None:
 def save_path(call: ast.Call) -> ast.expr | None:
     """The file (or handle) a `torch.save(obj, f)` call writes to."""
     return call.args[1] if len(call.args) > 1 else keyword(call, "f")
+
+
+def file_names(path: ast.expr) -> set[str]:
+    """The file names written in a path expression: `"trainfeat.pth"` in
+    `os.path.join(out, "trainfeat.pth")`."""
+    names = {
+        n.value.rsplit("/", 1)[-1]
+        for n in walk(path)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and "." in n.value
+    }
+    # `".pt"` of `f"out-{tag}.pt"` is an extension, no name: any such f-string has it
+    return {name for name in names if not name.startswith(".")}

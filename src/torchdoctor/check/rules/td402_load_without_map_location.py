@@ -17,6 +17,7 @@ from torchdoctor.check.analysis.before_load import (
 )
 from torchdoctor.check.analysis.cpu_saves import (
     bound_once,
+    file_names,
     file_saves,
     loads_cpu_saved_state,
     opened_path,
@@ -191,13 +192,15 @@ class LoadWithoutMapLocation(Rule):
         """What is loaded holds no GPU tensors: NumPy arrays (`torch.from_numpy(x)` of
         the loaded name) or a GradScaler's state (floats and ints)."""
         parent = self.ctx.stack[-1] if self.ctx.stack else None
-        if (
-            isinstance(parent, ast.Call)
-            and isinstance(parent.func, ast.Attribute)
-            and parent.func.attr == "load_state_dict"
-            and "scaler" in self.ctx.segment(parent.func.value).lower()
+        if isinstance(parent, ast.Call) and (
+            (
+                isinstance(parent.func, ast.Attribute)
+                and parent.func.attr == "load_state_dict"
+                and "scaler" in self.ctx.segment(parent.func.value).lower()
+            )
+            or (self.ctx.call_name(parent) or "").endswith("from_numpy")
         ):
-            return True
+            return True  # a scaler's state, or `torch.from_numpy(torch.load(path))`
         if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1):
             return False
         target = parent.targets[0]
@@ -216,12 +219,16 @@ class LoadWithoutMapLocation(Rule):
             return True
         # `load_path = os.path.join(d, f"out-{tag}.pt")`: the path a name is bound to once
         source = bound_once(self._scope(), source)
-        names = _file_names(source) or {self.ctx.segment(source)}
+        names = file_names(source) or {self._text(source)}
         return any(
-            names & (_file_names(written) or {self.ctx.segment(written)})
+            names & (file_names(written) or {self._text(written)})
             and saved_on_cpu(self.ctx, scope, call)
             for scope, call, written in file_saves(self.ctx)
         )
+
+    def _text(self, path: ast.expr) -> str:
+        """A path expression's text, its line breaks and indentation left out."""
+        return " ".join(self.ctx.segment(path).split())
 
     def _written_on_cpu(self, source: ast.expr, line: int) -> bool:
         """What the file `source` names (read at `line`) holds was written on this
@@ -485,18 +492,6 @@ def _tests_existence(test: ast.expr, path: ast.expr) -> bool:
     if isinstance(owner, ast.Call) and len(owner.args) == 1:
         owner = owner.args[0]  # `Path(path).exists()`
     return same_file(owner, path)
-
-
-def _file_names(path: ast.expr) -> set[str]:
-    """The file names written in a path expression: `"trainfeat.pth"` in
-    `os.path.join(out, "trainfeat.pth")`."""
-    names = {
-        n.value.rsplit("/", 1)[-1]
-        for n in walk(path)
-        if isinstance(n, ast.Constant) and isinstance(n.value, str) and "." in n.value
-    }
-    # `".pt"` of `f"out-{tag}.pt"` is an extension, no name: any such f-string has it
-    return {name for name in names if not name.startswith(".")}
 
 
 def _is_bytes_io(name: str | None) -> bool:
