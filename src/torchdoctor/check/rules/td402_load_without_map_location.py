@@ -227,8 +227,8 @@ class LoadWithoutMapLocation(Rule):
         )
 
     def _text(self, path: ast.expr) -> str:
-        """A path expression's text, its line breaks and indentation left out."""
-        return " ".join(self.ctx.segment(path).split())
+        """A path expression's text however it is laid out (line breaks, a trailing comma)."""
+        return ast.unparse(path)
 
     def _written_on_cpu(self, source: ast.expr, line: int) -> bool:
         """What the file `source` names (read at `line`) holds was written on this
