@@ -29,6 +29,10 @@ class TrainModeNotRestored(Rule):
     file called from one place only is reported at its `model.eval()`; one that
     several places call, at the call that trains in eval mode after it.
 
+    A model the file freezes (`for p in model.parameters(): p.requires_grad = False`)
+    and never unfreezes is not trained: a backward() next to it trains something else
+    (an adversarial patch, a prompt), so its eval mode there is left alone.
+
     ## Why is this bad?
     Only the first epoch trains in training mode. From the second epoch on,
     Dropout is off (the regularisation you configured silently disappears, so the
@@ -82,6 +86,8 @@ class TrainModeNotRestored(Rule):
             for step in fl.modes(fi).steps:
                 if fl.key_mode_sensitive(step.key) is False:
                     continue  # no Dropout/BatchNorm: eval mode changes nothing in training
+                if _frozen(self.ctx.source, step.key):
+                    continue  # a frozen model is not trained: its eval mode is a choice
                 step_line = getattr(step.node, "lineno", 0)
                 for origin in sorted(step.origins, key=lambda o: o.line):
                     if origin.mode != EVAL or origin.node is None:
@@ -104,6 +110,23 @@ class TrainModeNotRestored(Rule):
                         hint=f"call `{step.key}.train()` at the start of each epoch or after "
                         "evaluating",
                     )
+
+
+def _frozen(source: str, key: str) -> bool:
+    """The file freezes the model (`for p in model.parameters(): p.requires_grad = False`,
+    `model.requires_grad_(False)`) and never unfreezes anything: a backward() near it
+    trains something else (an adversarial patch, a prompt, a head), not this model."""
+    name = re.escape(key)
+    freezes = re.search(
+        rf"for\s+(\w+)\s+in\s+{name}\.parameters\(\)\s*:\s*\n?\s*\1\.requires_grad\s*=\s*False"
+        rf"|\b{name}\.requires_grad_\(\s*(requires_grad\s*=\s*)?False\s*\)",
+        source,
+    )
+    unfreezes = re.search(
+        rf"\.requires_grad\s*=\s*True|\b{name}\.requires_grad_\(\s*(requires_grad\s*=\s*)?(True)?\s*\)",
+        source,
+    )
+    return freezes is not None and unfreezes is None
 
 
 def _where(fl: FileLoops, fi: FunctionInfo, origin: Origin) -> ast.AST:
