@@ -190,3 +190,28 @@ def test_file_names_are_judged_inside_the_project(
     run = td("check", "--isolated", "--select", "TD101", "--no-cache", "--format", "json", root)
     found = {Path(item["filename"]).name for item in json.loads(run.out)}
     assert found == {"train.py"}
+
+
+def test_paths_are_judged_inside_the_checked_folder_not_above_it(
+    td: CLI, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a project kept under a folder named "benchmarks": checked from outside, its files
+    # are judged by their place in the project (benchmark files may hard-wire CUDA)
+    code = (
+        "import torch\n\n"
+        "def f(x):\n"
+        "    if torch.cuda.is_available():\n"
+        "        print('gpu')\n"
+        "    return x.to('cuda')\n"
+    )
+    folder = project / "benchmarks" / "proj"
+    folder.mkdir(parents=True)
+    (folder / "train.py").write_text(code, encoding="utf-8")
+    elsewhere = project / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    outside = td("check", "--isolated", "--no-cache", "--select", "TD101", str(folder))
+    assert "TD101" in outside.out
+    monkeypatch.chdir(project)  # from the parent, the file is one of its benchmarks
+    inside = td("check", "--isolated", "--no-cache", "--select", "TD101", "benchmarks/proj")
+    assert "TD101" not in inside.out

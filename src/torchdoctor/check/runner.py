@@ -84,6 +84,20 @@ def load_source(path: Path, data: bytes | None = None) -> Source:
         return Source(path, data, error=syntax_error_finding(f"cannot decode file: {reason}"))
 
 
+def judging_root(paths: Sequence[Path], settings: Settings) -> str:
+    """The folder that rules judging a file by its path (`tests/`, `benchmarks/`) read
+    the path from: the configuration's folder; without one, the working directory, or
+    the folder holding every checked path when that lies outside it (`check
+    ~/benchmarks/proj` from the home folder judges `proj`'s files, not `benchmarks/`)."""
+    root = os.path.abspath(settings.root)
+    if settings.config_file is not None or not paths:
+        return root
+    folders = [os.path.abspath(p if p.is_dir() else p.parent) for p in paths]
+    common = os.path.commonpath(folders)
+    inside = common == root or common.startswith(root.rstrip(os.sep) + os.sep)
+    return root if inside else common
+
+
 def run_check(
     paths: Sequence[Path],
     settings: Settings,
@@ -104,7 +118,7 @@ def run_check(
     else:
         sources = [load_source(path) for path in discover(paths, settings)]
     project = build_project((str(s.path), s.text) for s in sources if s.text is not None)
-    project.root = os.path.abspath(settings.root)
+    project.root = judging_root(paths, settings)
     cache = ResultCache(settings.root) if use_cache else None
     fingerprint = project.fingerprint()
     # without a configured target version, what each file's project pins (torch_pins.py)
