@@ -6,7 +6,8 @@ only through `calculate_lm_score` <- `Decoder.beam_search` <- `Transformer.evalu
 records a graph. The question is asked rarely (only where TD202 would report), so the
 project-wide part is built on the first ask and kept for the run (`ProjectIndex.disk`):
 each file's text read once, a file's calls summarized once (parsed only when its text
-names a function asked about), the import graph resolved only as far as asked.
+names a function asked about), the import graph resolved only as far as asked. Limits
+are per question, so the answer does not depend on the order files are checked in.
 
 Calls are matched by name, over-approximately: every `x.m(...)` of the files that may
 share a program with the definition (a script importing both, directly or not) may
@@ -14,7 +15,8 @@ call the method `m`, whatever `x` is; a bare `f(...)` or `x.f(...)` may call the
 function `f`. A function is covered when it has such a call, and every one sits under
 `no_grad` / `inference_mode` (a `with`, a decorator), or in a function that is covered
 itself (to a small depth; a cycle adds no entry). Anything else is unknown: a use of the
-name as a value or a string (`getattr`, a callback), module-level code, a nested
+name as a value or a string (`getattr`, a callback; not an attribute of parsed
+command-line options, `args.evaluate`), module-level code, a nested
 function or lambda, a generator, a decorated function, a dunder or a method the base
 class (nn.Module, or a class from outside the project) may call, a file of a
 distributed package (its users call it).
@@ -23,7 +25,6 @@ distributed package (its users call it).
 from __future__ import annotations
 
 import ast
-import os
 from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_item_context
@@ -36,40 +37,16 @@ from torchdoctor.check.source_text import decode_source
 
 _MAX_DEPTH = 5  # callers of callers ... of the function asked about
 _MAX_NAMES = 24  # functions resolved for one question
-_MAX_PARSED = 60  # files summarized in a run (beyond: unknown)
-_MAX_FILE_BYTES = 400_000
+_MAX_FILES = 80  # files naming them read for one question (beyond: unknown)
+_MAX_ABOVE = 200  # importers, direct or not, of one file (beyond: unknown)
 # Methods nn.Module's own code calls (a subclass's override runs from there).
-_MODULE_CALLED = frozenset(
-    {
-        "forward",
-        "extra_repr",
-        "train",
-        "eval",
-        "state_dict",
-        "load_state_dict",
-        "apply",
-        "to",
-        "cuda",
-        "cpu",
-        "type",
-        "float",
-        "double",
-        "half",
-        "bfloat16",
-        "zero_grad",
-        "parameters",
-        "named_parameters",
-        "buffers",
-        "named_buffers",
-        "children",
-        "named_children",
-        "modules",
-        "named_modules",
-        "requires_grad_",
-        "get_extra_state",
-        "set_extra_state",
-    }
+_MODULE_CALLED_NAMES = (
+    "forward extra_repr train eval state_dict load_state_dict apply to cuda cpu type float "
+    "double half bfloat16 zero_grad parameters named_parameters buffers named_buffers "
+    "children named_children modules named_modules requires_grad_ get_extra_state "
+    "set_extra_state"
 )
+_MODULE_CALLED = frozenset(_MODULE_CALLED_NAMES.split())
 _PLAIN_BASES = frozenset({"object", "ABC", "abc.ABC", "Generic"})
 _MODULE_BASES = frozenset({"nn.Module", "torch.nn.Module", "Module"})
 _ALLOWED_DECORATORS = frozenset({"staticmethod", "classmethod"})
@@ -117,15 +94,13 @@ class _Index:
         self.importers: dict[str, frozenset[str]] = {}
         self.upward: dict[str, frozenset[str] | None] = {}
         self.answers: dict[Key, bool] = {}
-        self.parsed = 0
 
     def text(self, path: str) -> str | None:
         if path not in self.texts:
             text = None
             try:
-                if os.path.getsize(path) <= _MAX_FILE_BYTES:
-                    with open(path, "rb") as handle:
-                        text = decode_source(handle.read())
+                with open(path, "rb") as handle:
+                    text = decode_source(handle.read())
             except (OSError, UnicodeDecodeError, LookupError):
                 text = None
             self.texts[path] = text
@@ -135,8 +110,7 @@ class _Index:
         if path not in self.summaries:
             text = self.text(path)
             found = None
-            if text is not None and self.parsed < _MAX_PARSED:
-                self.parsed += 1
+            if text is not None:
                 try:
                     tree = ast.parse(text)
                 except (SyntaxError, ValueError, MemoryError, RecursionError):
@@ -152,18 +126,31 @@ class _Index:
             self.summaries[path] = found
         return self.summaries[path]
 
-    def files_naming(self, word: str) -> list[str]:
-        return [p for p in self.paths if word in (self.text(p) or "")]
+    def files_naming(self, word: str) -> list[str] | None:
+        """The files whose text holds `word` (None: one could not be read)."""
+        found = []
+        for path in self.paths:
+            text = self.text(path)
+            if text is None:
+                return None
+            if word in text:
+                found.append(path)
+        return found
 
     def imported_by(self, path: str) -> frozenset[str] | None:
         """The files that import `path` (None: one could not be read)."""
         if path not in self.importers:
             folder, _, name = path.rpartition("/")
-            stem = folder.rpartition("/")[2] if name == "__init__.py" else name[:-3]
+            package = name == "__init__.py"
+            stem = folder.rpartition("/")[2] if package else name[:-3]
             found = set()
             for other in self.paths:
                 text = self.text(other)
-                if other == path or text is None or (stem not in text and "from ." not in text):
+                if text is None:
+                    return None
+                # (`from . import x` in the package imports its __init__ unnamed)
+                relative = package and "from ." in text and other.startswith(folder + "/")
+                if other == path or not (stem in text or relative):
                     continue
                 summary = self.summary(other)
                 if summary is None:
@@ -178,13 +165,17 @@ class _Index:
         if path not in self.upward:
             seen = {path}
             todo = [path]
-            while todo and len(seen) <= 200:
+            result: frozenset[str] | None = None
+            while len(seen) <= _MAX_ABOVE:
+                if not todo:
+                    result = frozenset(seen)
+                    break
                 importers = self.imported_by(todo.pop())
                 if importers is None:
-                    break
+                    break  # unknown
                 todo.extend(importers - seen)
                 seen |= importers
-            self.upward[path] = None if todo else frozenset(seen)
+            self.upward[path] = result
         return self.upward[path]
 
     def resolve(self, importer: str, module: str) -> set[str]:
@@ -228,19 +219,26 @@ def called_only_without_grad(ctx: FileContext, node: FuncNode, cls: ast.ClassDef
     index = _index(project)
     key: Key = (node.name, "method" if cls is not None else "function", path)
     if key not in index.answers:
-        budget = [_MAX_NAMES]
-        index.answers[key] = _covered(index, key, 0, set(), budget)
+        # (a budget per question, not per run: the answer must not depend on the order
+        # files are checked in, nor on how they are shared among worker processes)
+        index.answers[key] = _covered(index, key, 0, set(), _Budget())
     for read in index.texts:  # the answer depends on every file read (a call may appear)
         record_dependency(read)
     return index.answers[key]
 
 
-def _covered(index: _Index, key: Key, depth: int, visiting: set[Key], budget: list[int]) -> bool:
+@dataclass
+class _Budget:
+    names: int = _MAX_NAMES
+    files: set[str] = field(default_factory=set)
+
+
+def _covered(index: _Index, key: Key, depth: int, visiting: set[Key], budget: _Budget) -> bool:
     if key in visiting:
         return True  # a cycle: its entries from outside are checked on their own
     name, kind, path = key
-    budget[0] -= 1
-    if depth > _MAX_DEPTH or budget[0] < 0 or name.startswith("__"):
+    budget.names -= 1
+    if depth > _MAX_DEPTH or budget.names < 0 or name.startswith("__"):
         return False
     if kind == "method" and name in _MODULE_CALLED:
         return False
@@ -255,14 +253,25 @@ def _covered(index: _Index, key: Key, depth: int, visiting: set[Key], budget: li
     visiting.add(key)
     try:
         calls = 0
-        for other in index.files_naming(name):
+        naming = index.files_naming(name)
+        if naming is None:
+            return False
+        for other in naming:
+            budget.files.add(other)
+            if len(budget.files) > _MAX_FILES:
+                return False
+            summary = index.summary(other)
+            if summary is None:
+                return False
+            referenced = _referenced(index, summary, name, kind)
+            if not referenced and name not in summary.sites:
+                continue  # the word in a comment, or a longer name
             theirs = index.above(other)
             if theirs is None:
                 return False
             if theirs.isdisjoint(mine):
                 continue  # no program runs both files
-            summary = index.summary(other)
-            if summary is None or _referenced(index, summary, name, kind):
+            if referenced:
                 return False
             for site in summary.sites.get(name, ()):
                 if kind == "method" and not site.attribute:
@@ -294,7 +303,7 @@ def _namespaces(index: _Index) -> set[str]:
     found = index.project.disk.get("grad_callers_namespaces")
     if not isinstance(found, set):
         found = set[str]()
-        for path in index.files_naming("parse_"):
+        for path in index.files_naming("_args(") or ():  # parse_args(, parse_known_args(
             summary = index.summary(path)
             if summary is not None:
                 found |= summary.namespaces
@@ -326,7 +335,9 @@ def _summarize(ctx: FileContext) -> _Summary:
     project = ctx.project
     for node in ast.walk(ctx.tree):
         if isinstance(node, ast.Import):
-            summary.imports.extend(a.name for a in node.names)
+            for alias in node.names:  # `import a.b` runs a/__init__.py too
+                parts = alias.name.split(".")
+                summary.imports.extend(".".join(parts[:i]) for i in range(1, len(parts) + 1))
         elif isinstance(node, ast.ImportFrom):
             base = "." * node.level + (node.module or "")
             summary.imports.append(base)
