@@ -25,6 +25,7 @@ distributed package (its users call it).
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 
 from torchdoctor.check.analysis.grad_contexts import is_no_grad_decorated, with_item_context
@@ -39,6 +40,8 @@ _MAX_DEPTH = 5  # callers of callers ... of the function asked about
 _MAX_NAMES = 24  # functions resolved for one question
 _MAX_FILES = 80  # files naming them read for one question (beyond: unknown)
 _MAX_ABOVE = 200  # importers, direct or not, of one file (beyond: unknown)
+_MAX_PROJECT_FILES = 2000  # a larger project is not followed (the report stays)
+_MAX_IMPORTERS = 100  # files whose import lines name one file (beyond: unknown)
 # Methods nn.Module's own code calls (a subclass's override runs from there).
 _MODULE_CALLED_NAMES = (
     "forward extra_repr train eval state_dict load_state_dict apply to cuda cpu type float "
@@ -76,9 +79,6 @@ class _Summary:
     names: set[str] = field(default_factory=set)
     attributes: dict[str, set[str]] = field(default_factory=dict)
     strings: set[str] = field(default_factory=set)
-    # names bound to parsed command-line options (`args = parser.parse_args()`): their
-    # attributes are option values, not methods
-    namespaces: set[str] = field(default_factory=set)
     imports: list[str] = field(default_factory=list)  # module names it may import
     hidden: set[tuple[str, str]] = field(default_factory=set)  # (name, kind): callers unseen
 
@@ -91,7 +91,9 @@ class _Index:
         self.paths = sorted(project.paths)
         self.texts: dict[str, str | None] = {}
         self.summaries: dict[str, _Summary | None] = {}
-        self.importers: dict[str, frozenset[str]] = {}
+        self.importers: dict[str, frozenset[str] | None] = {}
+        self.naming: dict[str, list[str] | None] = {}
+        self.by_stem: dict[str, list[str]] | None = None
         self.upward: dict[str, frozenset[str] | None] = {}
         self.answers: dict[Key, bool] = {}
 
@@ -128,14 +130,17 @@ class _Index:
 
     def files_naming(self, word: str) -> list[str] | None:
         """The files whose text holds `word` (None: one could not be read)."""
-        found = []
-        for path in self.paths:
-            text = self.text(path)
-            if text is None:
-                return None
-            if word in text:
-                found.append(path)
-        return found
+        if word not in self.naming:
+            found: list[str] = []
+            for path in self.paths:
+                text = self.text(path)
+                if text is None:
+                    self.naming[word] = None
+                    return None
+                if word in text:
+                    found.append(path)
+            self.naming[word] = found
+        return self.naming[word]
 
     def imported_by(self, path: str) -> frozenset[str] | None:
         """The files that import `path` (None: one could not be read)."""
@@ -143,22 +148,33 @@ class _Index:
             folder, _, name = path.rpartition("/")
             package = name == "__init__.py"
             stem = folder.rpartition("/")[2] if package else name[:-3]
-            found = set()
-            for other in self.paths:
-                text = self.text(other)
-                if text is None:
-                    return None
-                # (`from . import x` in the package imports its __init__ unnamed)
-                relative = package and "from ." in text and other.startswith(folder + "/")
-                if other == path or not (stem in text or relative):
-                    continue
-                summary = self.summary(other)
-                if summary is None:
-                    return None
-                if any(path in self.resolve(other, m) for m in summary.imports):
-                    found.add(other)
-            self.importers[path] = frozenset(found)
+            self.importers[path] = self._importers(path, folder, stem, package)
         return self.importers[path]
+
+    def _importers(self, path: str, folder: str, stem: str, package: bool) -> frozenset[str] | None:
+        names = re.compile(rf"^[ \t]*(?:from|import)[ \t][^\n]*\b{re.escape(stem)}\b", re.M)
+        candidates = []
+        for other in self.paths:
+            text = self.text(other)
+            if text is None:
+                return None
+            # (`from . import x` in the package imports its __init__ unnamed)
+            relative = package and "from ." in text and other.startswith(folder + "/")
+            if other == path or not (stem in text or relative):
+                continue
+            # an import line naming it, or one that may continue on the next lines
+            if relative or names.search(text) or "import (" in text or "\\\n" in text:
+                candidates.append(other)
+        if len(candidates) > _MAX_IMPORTERS:
+            return None  # a module every file imports: too many programs to follow
+        found = set()
+        for other in candidates:
+            summary = self.summary(other)
+            if summary is None:
+                return None
+            if any(path in self.resolve(other, m) for m in summary.imports):
+                found.add(other)
+        return frozenset(found)
 
     def above(self, path: str) -> frozenset[str] | None:
         """`path` and every file importing it, directly or not (None: unknown)."""
@@ -195,10 +211,15 @@ class _Index:
                 if candidate in paths:
                     found.add(candidate)
         if not found and not level and parts:  # installed from elsewhere: by its tail
+            if self.by_stem is None:
+                self.by_stem = {}
+                for p in self.paths:
+                    parent, _, name = p.rpartition("/")
+                    key = parent.rpartition("/")[2] if name == "__init__.py" else name[:-3]
+                    self.by_stem.setdefault(key, []).append(p)
             tail = "/".join(parts)
-            found = {
-                p for p in self.paths if f"/{p}".endswith((f"/{tail}.py", f"/{tail}/__init__.py"))
-            }
+            ends = (f"/{tail}.py", f"/{tail}/__init__.py")
+            found = {p for p in self.by_stem.get(parts[-1], ()) if f"/{p}".endswith(ends)}
         return found
 
 
@@ -214,7 +235,9 @@ def called_only_without_grad(ctx: FileContext, node: FuncNode, cls: ast.ClassDef
     function) in the project runs with gradients off."""
     project = ctx.project
     path = ctx.path.replace("\\", "/")
-    if not project.turns_grad_off or path not in project.paths:
+    if not project.turns_grad_off or len(project.paths) > _MAX_PROJECT_FILES:
+        return False
+    if path not in project.paths:
         return False
     index = _index(project)
     key: Key = (node.name, "method" if cls is not None else "function", path)
@@ -303,13 +326,18 @@ def _namespaces(index: _Index) -> set[str]:
     found = index.project.disk.get("grad_callers_namespaces")
     if not isinstance(found, set):
         found = set[str]()
-        for path in index.files_naming("_args(") or ():  # parse_args(, parse_known_args(
-            summary = index.summary(path)
-            if summary is not None:
-                found |= summary.namespaces
-        found.discard("")
+        for path in index.files_naming("parse_") or ():
+            for match in _PARSED_OPTIONS.finditer(index.text(path) or ""):
+                found.add(match.group(1).rsplit(".", 1)[-1])
         index.project.disk["grad_callers_namespaces"] = found
     return found
+
+
+# `args = parser.parse_args()`, `opt, _ = p.parse_known_args()`: names bound to parsed
+# command-line options, whose attributes are option values, not methods
+_PARSED_OPTIONS = re.compile(
+    r"^[ \t]*([\w.]+)(?:[ \t]*,[ \t]*[\w.]+)*[ \t]*=[^\n=]*\.parse(?:_known)?_args\(", re.M
+)
 
 
 def _last_name(node: ast.expr) -> str:
@@ -319,14 +347,6 @@ def _last_name(node: ast.expr) -> str:
     if isinstance(node, ast.Attribute):
         return node.attr
     return ""
-
-
-def _parses_options(value: ast.expr) -> bool:
-    return (
-        isinstance(value, ast.Call)
-        and isinstance(value.func, ast.Attribute)
-        and value.func.attr in ("parse_args", "parse_known_args")
-    )
 
 
 def _summarize(ctx: FileContext) -> _Summary:
@@ -444,10 +464,8 @@ class _Walker:
             self.summary.attributes.setdefault(node.attr, set()).add(_last_name(node.value))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             self.summary.strings.add(node.value)
-        elif isinstance(node, ast.Assign) and _parses_options(node.value):
-            for target in node.targets:
-                first = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else target
-                self.summary.namespaces.add(_last_name(first))
+        elif isinstance(node, ast.Yield | ast.YieldFrom) and owner is not None:
+            self.summary.hidden.add(owner[:2])  # a generator runs where it is consumed
         for child in ast.iter_child_nodes(node):
             self.visit(child, owner, no_grad, None)
 
@@ -471,8 +489,8 @@ class _Walker:
         return found
 
     def _hides_callers(self, node: FuncNode) -> bool:
-        """A generator or coroutine runs where it is consumed; a decorator may register
-        the function or change how it is called."""
+        """A coroutine runs where it is awaited (a generator: see `visit`); a decorator
+        may register the function or change how it is called."""
         if isinstance(node, ast.AsyncFunctionDef):
             return True
         for dec in node.decorator_list:
@@ -483,5 +501,4 @@ class _Walker:
                 "no_grad" in last or "inference_mode" in last
             ):
                 return True
-        # (a nested generator counts too: rare, and unknown is the safe answer)
-        return any(isinstance(n, ast.Yield | ast.YieldFrom) for n in ast.walk(node))
+        return False
