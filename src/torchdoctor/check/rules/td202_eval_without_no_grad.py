@@ -53,7 +53,8 @@ class EvalWithoutNoGrad(Rule):
     `with torch.no_grad():`) -- is left alone. Calls are matched by name, so any call
     of the name counts; code nothing calls, code whose function is used as a value
     (a callback, `getattr`), module-level calls outside `no_grad`, and the files of a
-    distributed package (whose users call it) are still reported.
+    distributed package (whose users call it) are still reported, and so is everything
+    in a project of more than 2000 files (not followed).
 
     A model's own methods leave the gradient mode to their callers, with one exception:
     a method whose layers run only in eval mode (`if not self.training: ...`) that the
