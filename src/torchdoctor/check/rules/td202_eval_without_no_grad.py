@@ -9,6 +9,7 @@ from torchdoctor.check.analysis.eval_branches import eval_only_runs
 from torchdoctor.check.analysis.events import BACKWARD, SCALER_STEP, STEP
 from torchdoctor.check.analysis.file_loops import FileLoops, analysis
 from torchdoctor.check.analysis.functions import FunctionInfo
+from torchdoctor.check.analysis.grad_callers import called_only_without_grad
 from torchdoctor.check.analysis.mode_intent import flag_phases, same_side
 from torchdoctor.check.analysis.mode_state import BUILT, EVAL, TRAIN, ForwardCall
 from torchdoctor.check.analysis.names import (
@@ -45,6 +46,15 @@ class EvalWithoutNoGrad(Rule):
     an abstract method (`self.evaluate()` of a base trainer) runs the one override a
     subclass of the project defines; when that runs in a file that leaves the gradient
     mode to its callers (no training code there), the report goes to the call.
+
+    Evaluation code every call of which, in the project's files, runs under `no_grad`
+    -- directly or through its callers, in other files too (`lm.evaluate()` in
+    `rescore()`, called only by a decoder method a script calls inside
+    `with torch.no_grad():`) -- is left alone. Calls are matched by name, so any call
+    of the name counts; code nothing calls, code whose function is used as a value
+    (a callback, `getattr`), module-level calls outside `no_grad`, and the files of a
+    distributed package (whose users call it) are still reported, and so is everything
+    in a project of more than 2000 files (not followed).
 
     A model's own methods leave the gradient mode to their callers, with one exception:
     a method whose layers run only in eval mode (`if not self.training: ...`) that the
@@ -140,7 +150,7 @@ class EvalWithoutNoGrad(Rule):
                 )
                 if flagged is None and _NEEDS_GRAD.search(scope_text):
                     continue
-                if _called_under_no_grad(fl, fi):
+                if _called_under_no_grad(fl, fi) or _project_calls_without_grad(self, fi):
                     break
                 seen.add(fc.key)
                 if flagged is not None:
@@ -232,6 +242,15 @@ def _called_under_no_grad(fl: FileLoops, fi: FunctionInfo, depth: int = 0) -> bo
         if depth < 3 and caller is not fi and _called_under_no_grad(fl, caller, depth + 1):
             return True
     return False
+
+
+def _project_calls_without_grad(rule: Rule, fi: FunctionInfo) -> bool:
+    """Every call of `fi` (a function or method, not nested) in the project's files runs
+    with gradients off, through callers of other files too (analysis/grad_callers.py)."""
+    node = fi.node
+    if fi.parent is not None or not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    return called_only_without_grad(rule.ctx, node, fi.cls)
 
 
 def _in_module_class(rule: Rule, fi: FunctionInfo) -> bool:
