@@ -116,17 +116,27 @@ def _frozen(source: str, key: str) -> bool:
     """The file freezes the model (`for p in model.parameters(): p.requires_grad = False`,
     `model.requires_grad_(False)`) and never unfreezes anything: a backward() near it
     trains something else (an adversarial patch, a prompt, a head), not this model."""
+    # each search starts from a literal the file must hold: no scan of every position
+    loop, method = f"{key}.parameters()", f"{key}.requires_grad_("
+    if loop not in source and method not in source:
+        return False
     name = re.escape(key)
-    freezes = re.search(
-        rf"for\s+(\w+)\s+in\s+{name}\.parameters\(\)\s*:\s*\n?\s*\1\.requires_grad\s*=\s*False"
-        rf"|\b{name}\.requires_grad_\(\s*(requires_grad\s*=\s*)?False\s*\)",
-        source,
-    )
-    unfreezes = re.search(
-        rf"\.requires_grad\s*=\s*True|\b{name}\.requires_grad_\(\s*(requires_grad\s*=\s*)?(True)?\s*\)",
-        source,
-    )
-    return freezes is not None and unfreezes is None
+    call = rf"(?<![\w.]){name}\.requires_grad_\(\s*(requires_grad\s*=\s*)?"
+    freezes = (
+        loop in source
+        and re.search(
+            rf"for\s+(\w+)\s+in\s+{name}\.parameters\(\)\s*:\s*\n?\s*\1\.requires_grad\s*=\s*False",
+            source,
+        )
+    ) or (method in source and re.search(call + r"False\s*\)", source))
+    if not freezes:
+        return False
+    if _UNFREEZES.search(source):
+        return False
+    return not re.search(call + r"(True)?\s*\)", source)
+
+
+_UNFREEZES = re.compile(r"\.requires_grad\s*=\s*True")
 
 
 def _where(fl: FileLoops, fi: FunctionInfo, origin: Origin) -> ast.AST:
