@@ -20,7 +20,12 @@ import ast
 import re
 from collections.abc import Iterator
 
-from torchdoctor.check.analysis.scope_index import binding, calls_on_lines, scope_nodes
+from torchdoctor.check.analysis.scope_index import (
+    binding,
+    calls_on_lines,
+    scope_nodes,
+)
+from torchdoctor.check.analysis.syntax import assigned_values
 from torchdoctor.check.analysis.torch_api import is_cpu_name
 from torchdoctor.check.context import FileContext
 from torchdoctor.check.tree_walk import walk
@@ -61,19 +66,8 @@ def bound_once(scope: ast.AST, node: ast.expr) -> ast.expr:
     (`save_path = os.path.join(d, f"out-{tag}.pt")`); else the node itself."""
     if not isinstance(node, ast.Name):
         return node
-    values: list[ast.expr] = []
-    for sub in walk(scope):
-        if isinstance(sub, ast.Assign):
-            for target in sub.targets:
-                if isinstance(target, ast.Name) and target.id == node.id:
-                    values.append(sub.value)
-                elif any(isinstance(t, ast.Name) and t.id == node.id for t in walk(target)):
-                    return node  # unpacked: no single value
-        elif isinstance(sub, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr) and any(
-            isinstance(t, ast.Name) and t.id == node.id for t in walk(sub.target)
-        ):
-            return node
-    return values[0] if len(values) == 1 else node
+    values = assigned_values(scope, node.id)
+    return values[0] if values is not None and len(values) == 1 else node
 
 
 def opened_path(ctx: FileContext, scope: ast.AST, handle: ast.expr) -> ast.expr:

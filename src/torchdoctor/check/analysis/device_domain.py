@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
+from torchdoctor.check.analysis.syntax import assigned_values
 from torchdoctor.check.tree_walk import walk
 
 if TYPE_CHECKING:
@@ -124,15 +125,10 @@ def _literal_type_values(annotation: ast.expr) -> list[str]:
 
 
 def _strings(ctx: FileContext, node: ast.expr) -> list[str]:
-    """A literal collection of strings, or a module-level name bound once to one."""
+    """A literal collection of strings, or a name the module binds once, to one."""
     if isinstance(node, ast.Name):
-        bound = [
-            stmt.value
-            for stmt in ctx.tree.body
-            if isinstance(stmt, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == node.id for t in stmt.targets)
-        ]
-        return _literal_strings(bound[0]) if len(bound) == 1 else []
+        bound = assigned_values(ctx.tree, node.id)
+        return _literal_strings(bound[0]) if bound is not None and len(bound) == 1 else []
     return _literal_strings(node)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 
-from torchdoctor.check.tree_walk import walk
+from torchdoctor.check.analysis.syntax import assigned_values
 
 _HOSTS = ("https://download.pytorch.org/", "http://download.pytorch.org/")
 
@@ -67,21 +67,11 @@ def _all_urls(node: ast.expr) -> bool:
 
 def _bindings(name: str, scope: ast.AST, module: ast.Module) -> list[ast.expr]:
     """Values assigned to `name` in the scope, or else in the module (none when the name
-    is also bound some other way: a loop, an annotated or augmented assignment)."""
-    for where in (scope, module):
-        values: list[ast.expr] = []
-        other = False
-        for node in walk(where):  # (at module level also functions' own names: stricter)
-            if isinstance(node, ast.Assign):
-                if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-                    values.append(node.value)
-            elif (
-                isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For | ast.NamedExpr)
-                and isinstance(node.target, ast.Name)
-                and node.target.id == name
-            ):
-                other = True
-        if other:
+    is also bound some other way: a loop, an unpacking, an annotated or augmented
+    assignment)."""
+    for where in (scope, module):  # (in the module also functions' own names: stricter)
+        values = assigned_values(where, name)
+        if values is None:
             return []
         if values:
             return values

@@ -292,6 +292,21 @@ def binding_targets(
     return []
 
 
+def assigned_values(scope: ast.AST, name: str) -> list[ast.expr] | None:
+    """The values plain `name = value` statements of `scope` give `name`; None when the
+    scope also binds it another way (unpacked, a loop or `with` target, an annotated or
+    augmented assignment, `:=`): then its value is not one of those."""
+    values: list[ast.expr] = []
+    for node in walk(scope):
+        for target in binding_targets(node, walrus=True):
+            if isinstance(node, ast.Assign) and isinstance(target, ast.Name):
+                if target.id == name:
+                    values.append(node.value)
+            elif any(isinstance(n, ast.Name) and n.id == name for n in walk(target)):
+                return None
+    return values
+
+
 def bound_names(stmt: ast.stmt) -> list[str]:
     """The plain names in the targets `stmt` binds itself (not in nested statements),
     once per occurrence: assignment and loop targets, each `with` item's `as` name."""
