@@ -135,51 +135,38 @@ def same_path(a: Event, b: Event) -> bool:
 
 
 def opposite_sides(a: Event, b: Event, scope: ast.AST) -> bool:
-    """Whether `a` and `b` sit on opposite sides of two `if`s testing one setting that
-    `scope` does not rebind between them (`if self.fp16: scaler.scale(loss).backward()` ... later
-    `if self.fp16: scaler.step(opt) else: opt.step()`): no run executes both."""
+    """Whether `a` and `b` sit on opposite sides of two `if`s testing one setting (`flag`,
+    `self.fp16`) that `scope` does not rebind between them (`if self.fp16:
+    scaler.scale(loss).backward()` ... later `if self.fp16: scaler.step(opt) else:
+    opt.step()`): no run executes both."""
     for x in a.chain:
         for y in b.chain:
-            if (
+            if not (
                 x.node is not y.node
                 and isinstance(x.node, ast.If)
                 and isinstance(y.node, ast.If)
                 and {x.label, y.label} == {"body", "orelse"}
-                and _setting(x.node.test) is not None
-                and _setting(x.node.test) == _setting(y.node.test)
-                and not _rebinds(scope, _setting(x.node.test) or "", x.node, y.node)
+            ):
+                continue
+            setting = dotted(x.node.test)
+            if (
+                setting is not None
+                and setting == dotted(y.node.test)
+                and not _rebinds(scope, setting, x.node, y.node)
             ):
                 return True
     return False
-
-
-def _setting(test: ast.expr) -> str | None:
-    """`flag`, `self.fp16`, `args.amp`: a name or attribute chain, else None."""
-    parts = []
-    node = test
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([node.id, *reversed(parts)])
 
 
 def _rebinds(scope: ast.AST, setting: str, first: ast.If, second: ast.If) -> bool:
     """A binding of `setting` between the two tests (one pass of a loop sees one value)."""
     start = min(first.lineno, second.lineno)
     end = max(first.end_lineno or first.lineno, second.end_lineno or second.lineno)
-    for node in walk(scope):
-        if not start <= getattr(node, "lineno", 0) <= end:
-            continue
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr):
-            targets = [node.target]
-        if any(_setting(t) == setting for t in targets):
-            return True
-    return False
+    return any(
+        start <= getattr(node, "lineno", 0) <= end
+        and any(dotted(t) == setting for t in binding_targets(node, walrus=True))
+        for node in walk(scope)
+    )
 
 
 def counter_condition(event: Event, loop: ast.AST) -> ast.BinOp | None:
