@@ -30,6 +30,7 @@ _NAME_BEFORE = re.compile(r"[\w.]")
 class _ScopeFacts:
     backward: set[str] = field(default_factory=set)
     assigned: dict[str, list[ast.Assign]] = field(default_factory=dict)
+    added: dict[str, list[ast.expr]] = field(default_factory=dict)  # `name += value`
 
 
 class ScalarByIndex(Rule):
@@ -194,16 +195,13 @@ class ScalarByIndex(Rule):
         `total_loss += loss`): a 1-element vector, which `[0]` indexes fine."""
         if not isinstance(tensor, ast.Name) or "keepdim" not in self.ctx.source:
             return False
-        scope = self.ctx.enclosing_function() or self.ctx.tree
-        made: dict[str, list[ast.expr]] = {}
-        for sub in walk_statements(scope):
-            if isinstance(sub, ast.Assign | ast.AugAssign):
-                targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
-                for target in targets:
-                    if isinstance(target, ast.Name):
-                        made.setdefault(target.id, []).append(sub.value)
-        values = list(made.get(tensor.id, ()))
-        values += [v for n in values if isinstance(n, ast.Name) for v in made.get(n.id, ())]
+        facts = self._facts(self.ctx.enclosing_function() or self.ctx.tree)
+
+        def made(name: str) -> list[ast.expr]:
+            return [a.value for a in facts.assigned.get(name, ())] + facts.added.get(name, [])
+
+        values = made(tensor.id)
+        values += [v for n in values if isinstance(n, ast.Name) for v in made(n.id)]
         return any(
             isinstance(value, ast.Call)
             and any(
@@ -233,6 +231,8 @@ class ScalarByIndex(Rule):
                     for target in sub.targets:
                         if isinstance(target, ast.Name):
                             facts.assigned.setdefault(target.id, []).append(sub)
+                elif isinstance(sub, ast.AugAssign) and isinstance(sub.target, ast.Name):
+                    facts.added.setdefault(sub.target.id, []).append(sub.value)
             if "backward" in self.ctx.source:  # else no `.backward()` call to find
                 for sub in walk(scope):
                     if (
