@@ -150,14 +150,17 @@ class LossKeptWithGraph(Rule):
                     continue
                 graph |= _parts_of(loop, graph) | _returned_parts(fl, fi, loop, graph)
                 graph |= _fellow_outputs(loop, graph)
-                quiet = _under_no_grad(self.ctx, loop)
+                quiet: set[int] | None = None  # (built for the first sum the loop makes)
                 for stmt, acc, value in accumulations(loop, kept):
                     if id(stmt) in reported or acc in graph or acc in backed:
                         continue
-                    if id(stmt) in quiet and _arithmetic(stmt):
+                    if _arithmetic(stmt):
                         # `with torch.no_grad(): total += loss` makes a sum with no graph
                         # (an `append(loss)` there still keeps `loss` and its graph)
-                        continue
+                        if quiet is None:
+                            quiet = _under_no_grad(self.ctx, loop)
+                        if id(stmt) in quiet:
+                            continue
                     culprit = self._carries_graph(fi, value, graph)
                     if culprit is None or reset_inside(loop, acc, stmt):
                         continue
@@ -298,7 +301,8 @@ class LossKeptWithGraph(Rule):
 def _under_no_grad(ctx: FileContext, loop: ast.AST) -> set[int]:
     """Statements of the loop inside a `with torch.no_grad():` (or `inference_mode`,
     `set_grad_enabled(False)`) block: a sum made there holds no graph."""
-    if "grad" not in ctx.segment(loop) and "inference_mode" not in ctx.segment(loop):
+    text = ctx.segment(loop)
+    if "grad" not in text and "inference_mode" not in text:
         return set()
     quiet: set[int] = set()
     for node in walk(loop):
